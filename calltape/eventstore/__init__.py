@@ -1,0 +1,17 @@
+"""The append-only event log (PostgreSQL in production, SQLite embedded)."""
+
+from calltape.eventstore.append_plan import SessionInfo
+from calltape.eventstore.connect import ENV_URL, default_path, open_store, resolve_url, upgrade
+from calltape.eventstore.store import START, EventStore, FeedPosition
+
+__all__ = [
+    "ENV_URL",
+    "START",
+    "EventStore",
+    "FeedPosition",
+    "SessionInfo",
+    "default_path",
+    "open_store",
+    "resolve_url",
+    "upgrade",
+]

@@ -1,0 +1,115 @@
+"""The append rules, in one place for both backends.
+
+A backend locks the batch's session rows, hands them here with the stored duplicates it knows of, and
+writes what the plan says. Everything that decides (idempotency, optimistic concurrency, epoch
+fencing, seq assignment, the session summary) is plain Python over plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent
+from calltape.events import Event
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    """One session's summary, kept current by the append transaction (table ``ct_sessions``)."""
+
+    session: str
+    agent: str | None = None
+    tenant: str | None = None
+    modality: str | None = None
+    framework: str | None = None
+    status: str = "active"
+    last_seq: int = 0
+    epoch: int = 1
+    first_at_ms: int | None = None
+    last_at_ms: int | None = None
+    started: bool = False
+
+
+@dataclass(slots=True)
+class AppendPlan:
+    results: list[Event]
+    """One stored event per input event, in input order (a duplicate maps to the stored one)."""
+    inserts: list[Event]
+    rows: dict[str, SessionInfo]
+    """The summaries of the sessions that received new events."""
+
+
+def plan_append(
+    events: Sequence[Event],
+    rows: Mapping[str, SessionInfo],
+    stored: Mapping[tuple[str, str], Event],
+    expected_seq: int | None = None,
+) -> AppendPlan:
+    """Decides what an append writes; raises before anything is written."""
+    sessions = {e.session for e in events}
+    if expected_seq is not None and len(sessions) > 1:
+        raise InvalidEvent("expected_seq needs a batch of one session")
+    changed: dict[str, SessionInfo] = {}
+    seen: dict[tuple[str, str], Event] = {}
+    results: list[Event] = []
+    inserts: list[Event] = []
+    for event in events:
+        key = (event.session, event.id)
+        known = stored.get(key) or seen.get(key)
+        if known is not None:
+            results.append(known)
+            continue
+        row = changed.get(event.session)
+        if row is None:
+            row = changed[event.session] = replace(rows[event.session])
+        new = _admit(event, row)
+        seen[key] = new
+        results.append(new)
+        inserts.append(new)
+    if expected_seq is not None and inserts:
+        (session,) = sessions
+        actual = rows[session].last_seq
+        if actual != expected_seq:
+            raise ConcurrencyConflict(session, expected_seq, actual)
+    return AppendPlan(results, inserts, {s: r for s, r in changed.items() if r.last_seq != rows[s].last_seq})
+
+
+def _admit(event: Event, row: SessionInfo) -> Event:
+    """Checks one new event against its session and advances the session summary."""
+    if event.epoch is not None and event.epoch < row.epoch:
+        raise FencedWrite(row.session, event.epoch, row.epoch)
+    data = event.data
+    agent = event.agent if event.agent is not None else row.agent
+    kind = event.type
+    if kind == "session.started":
+        if row.started:
+            raise InvalidEvent(f"session '{row.session}' has already started")
+        row.started = True
+        row.agent = agent = event.agent or data["agent"]
+        row.tenant = data.get("tenant")
+        row.modality = data.get("modality", "voice")
+        row.framework = data.get("framework")
+    elif kind == "session.resumed":
+        new_epoch = int(data["epoch"])
+        if new_epoch <= row.epoch:
+            raise FencedWrite(row.session, new_epoch, row.epoch)
+        if new_epoch != row.epoch + 1:
+            raise InvalidEvent(
+                f"session.resumed must raise the epoch of '{row.session}' by one (to {row.epoch + 1}, not {new_epoch})"
+            )
+        row.epoch = new_epoch
+        row.agent = agent = event.agent or data["agent"]
+        row.status = "active"
+    elif kind == "agent.handoff":
+        row.agent = data["to"]
+    elif kind == "session.ended":
+        row.status = "ended"
+    elif kind == "session.dropped":
+        row.status = "dropped"
+    row.last_seq += 1
+    if row.first_at_ms is None:
+        row.first_at_ms = event.at_ms
+    if row.last_at_ms is None or event.at_ms > row.last_at_ms:
+        row.last_at_ms = event.at_ms
+    return replace(event, seq=row.last_seq, agent=agent)

@@ -1,0 +1,121 @@
+"""Opening a store from a URL: the embedded default, URL forms, and the schema check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+from alembic import command
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from calltape.errors import CalltapeError, SchemaOutdated
+from calltape.eventstore.errors import translate_errors, where
+from calltape.eventstore.postgres import PostgresEventStore
+from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
+from calltape.eventstore.store import EventStore
+from calltape.migrations import VERSION_TABLE, alembic_config, head_revision
+
+ENV_URL = "CALLTAPE_DATABASE_URL"
+
+
+def default_path() -> Path:
+    """The embedded database: ``$CALLTAPE_HOME/calltape.db``, else under the XDG data directory."""
+    home = os.environ.get("CALLTAPE_HOME")
+    if home:
+        return Path(home) / "calltape.db"
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "calltape" / "calltape.db"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """``--db`` first, then ``$CALLTAPE_DATABASE_URL``, then the embedded SQLite file; driver-qualified."""
+    raw = url or os.environ.get(ENV_URL) or f"sqlite:///{default_path()}"
+    try:
+        parsed = make_url(raw)
+    except ArgumentError:
+        raise CalltapeError(f"'{raw}' is not a database URL (use postgresql://… or sqlite:///path)") from None
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    elif backend == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise CalltapeError("an SQLite store needs a file path (sqlite:///path/to/calltape.db)")
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    else:
+        raise CalltapeError(f"calltape stores events in PostgreSQL or SQLite, not '{backend}'")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def create_engine(url: str) -> AsyncEngine:
+    if make_url(url).get_backend_name() == "sqlite":
+        path = Path(make_url(url).database or "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, json_serializer=_json_dumps, json_deserializer=orjson.loads)
+        configure_engine(engine)
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        json_serializer=_json_dumps,
+        json_deserializer=orjson.loads,
+        connect_args={"timeout": 10, "server_settings": {"application_name": "calltape"}},
+    )
+
+
+def _current_revision(conn: Connection) -> str | None:
+    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def _upgrade(conn: Connection) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, "head")
+
+
+async def upgrade(url: str | None = None) -> tuple[str | None, str]:
+    """Applies the migrations; returns (revision before, revision after)."""
+    resolved = resolve_url(url)
+    engine = create_engine(resolved)
+    try:
+        async with translate_errors(resolved), engine.begin() as conn:
+            before = await conn.run_sync(_current_revision)
+            await conn.run_sync(_upgrade)
+            return before, head_revision()
+    finally:
+        await engine.dispose()
+
+
+async def open_store(url: str | None = None, *, upgrade_schema: bool | None = None) -> EventStore:
+    """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked."""
+    resolved = resolve_url(url)
+    sqlite = make_url(resolved).get_backend_name() == "sqlite"
+    engine = create_engine(resolved)
+    try:
+        async with translate_errors(resolved), engine.begin() as conn:
+            current = await conn.run_sync(_current_revision)
+            head = head_revision()
+            if current != head:
+                if upgrade_schema if upgrade_schema is not None else sqlite:
+                    await conn.run_sync(_upgrade)
+                elif current is None:
+                    raise SchemaOutdated(f"the {where(resolved)} has no calltape schema; run `calltape db upgrade`")
+                else:
+                    raise SchemaOutdated(
+                        f"the {where(resolved)} is at schema revision {current} but this calltape needs "
+                        f"{head}; run `calltape db upgrade`"
+                    )
+    except BaseException:
+        await engine.dispose()
+        raise
+    return SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)

@@ -1,0 +1,73 @@
+"""Turns driver errors into the two a caller can act on: retry later, or upgrade the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+
+from calltape.errors import SchemaOutdated, StoreUnavailable
+
+_ASYNCPG_DISCONNECTS = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def where(url: str) -> str:
+    """The database named for a person, without the password."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        return f"SQLite file {u.database}"
+    return f"PostgreSQL at {u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The error and everything it wraps (SQLAlchemy's ``orig``, causes, contexts)."""
+    found: list[BaseException] = []
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or any(e is f for f in found):
+            continue
+        found.append(e)
+        stack += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    return found
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return any(
+        isinstance(e, (OSError, asyncio.TimeoutError, sa_exc.TimeoutError, *_ASYNCPG_DISCONNECTS)) for e in _chain(exc)
+    )
+
+
+@contextlib.asynccontextmanager
+async def translate_errors(url: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except (StoreUnavailable, SchemaOutdated):
+        raise
+    except Exception as exc:
+        chain = _chain(exc)
+        root = chain[-1] if len(chain) > 1 else exc
+        text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        if any(isinstance(e, asyncpg.UndefinedTableError) for e in chain) or "no such table" in text:
+            raise SchemaOutdated(f"the {where(url)} has no calltape schema; run `calltape db upgrade`") from exc
+        sqlite_busy = any(
+            isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "unable to open" in str(e))
+            for e in chain
+        )
+        if is_disconnect(exc) or sqlite_busy:
+            raise StoreUnavailable(f"cannot reach the {where(url)}: {text}") from exc
+        raise

@@ -1,0 +1,277 @@
+"""The recorder: what framework hooks call from inside the voice loop.
+
+``emit()`` only enqueues (a deque append), so the audio loop never waits on the database. One writer
+task per process group-commits everything queued, across sessions, in batches bounded by size
+(``max_batch``) and time (``max_delay``). A durable append skips the wait and resolves once its batch
+has committed. When the database is unreachable the writer keeps the batch, backs off and retries:
+nothing that ``emit()`` accepted is dropped. Memory is bounded by ``max_pending``; past it ``emit()``
+raises :class:`RecorderFull` (the event was *not* accepted) and ``await put()`` waits for room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import groupby
+from typing import Any
+
+from calltape.errors import CalltapeError, StoreUnavailable
+from calltape.events import Event, make_event
+from calltape.eventstore.store import EventStore
+
+log = logging.getLogger("calltape.recorder")
+
+RejectHandler = Callable[[Sequence[Event], CalltapeError], None]
+
+
+class RecorderFull(CalltapeError):
+    """The recorder holds ``max_pending`` unwritten events; this event was not accepted."""
+
+
+class RecorderClosed(CalltapeError):
+    """The recorder was closed; it accepts no more events."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: Event
+    done: asyncio.Future[Event] | None = None
+
+
+@dataclass(slots=True)
+class RecorderStats:
+    committed: int = 0
+    batches: int = 0
+    retries: int = 0
+    rejected: int = 0
+    largest_batch: int = 0
+    outage_seconds: float = 0.0
+    last_error: str | None = None
+    _outage_started: float | None = field(default=None, repr=False)
+
+
+def _log_rejected(events: Sequence[Event], error: CalltapeError) -> None:
+    log.error("calltape rejected %d event(s) of session %s: %s", len(events), events[0].session, error)
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        max_batch: int = 1000,
+        max_delay: float = 0.004,
+        max_pending: int = 100_000,
+        retry_initial: float = 0.05,
+        retry_max: float = 2.0,
+        on_rejected: RejectHandler = _log_rejected,
+    ) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.max_delay = max_delay
+        self.max_pending = max_pending
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.on_rejected = on_rejected
+        self.stats = RecorderStats()
+        self._queue: deque[_Pending] = deque()
+        self._inflight = 0
+        self._wake = asyncio.Event()
+        self._urgent = False
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> Recorder:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="calltape-recorder")
+        return self
+
+    async def __aenter__(self) -> Recorder:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flushes everything accepted, then stops the writer."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def pending(self) -> int:
+        """Events accepted and not yet committed (queued plus the batch being written)."""
+        return len(self._queue) + self._inflight
+
+    # -- accepting ---------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """Enqueues one validated event; never waits. Raises RecorderFull past ``max_pending``."""
+        if self._closed:
+            raise RecorderClosed("the recorder is closed")
+        if len(self._queue) + self._inflight >= self.max_pending:
+            self._room.clear()
+            raise RecorderFull(f"the recorder already holds {self.max_pending} unwritten events")
+        self._queue.append(_Pending(event))
+        self._idle.clear()
+        if not self._wake.is_set():
+            self._wake.set()
+
+    async def put(self, event: Event) -> None:
+        """Like :meth:`emit`, but waits for room instead of raising (backpressure)."""
+        while True:
+            try:
+                self.emit(event)
+                return
+            except RecorderFull:
+                await self._room.wait()
+
+    async def append(self, event: Event) -> Event:
+        """Durable append: returns the stored event once it has committed (after everything emitted before)."""
+        if self._closed:
+            raise RecorderClosed("the recorder is closed")
+        if self._task is None:
+            raise RecorderClosed("the recorder is not started (await recorder.start())")
+        done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(event, done))
+        self._idle.clear()
+        self._urgent = True
+        self._wake.set()
+        return await done
+
+    async def flush(self) -> None:
+        """Waits until everything accepted so far has committed (or been rejected)."""
+        if self._task is None and self._queue:
+            raise RecorderClosed("the recorder is not started (await recorder.start())")
+        self._urgent = True
+        self._wake.set()
+        await self._idle.wait()
+
+    def session(self, session: str, *, agent: str | None = None, epoch: int | None = None) -> SessionTape:
+        return SessionTape(self, session, agent=agent, epoch=epoch)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._queue:
+                self._idle.set()
+                continue
+            if not self._urgent and len(self._queue) < self.max_batch:
+                await asyncio.sleep(self.max_delay)  # let the batch fill: group commit
+            while self._queue:
+                n = min(len(self._queue), self.max_batch)
+                batch = [self._queue.popleft() for _ in range(n)]
+                self._inflight = n
+                self._urgent = any(p.done is not None for p in self._queue)
+                await self._write(batch, loop)
+                self._inflight = 0
+                if not self._room.is_set() and self.pending < self.max_pending:
+                    self._room.set()
+            self._urgent = False
+            self._idle.set()
+
+    async def _write(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
+        delay = self.retry_initial
+        while True:
+            try:
+                stored = await self.store.append([p.event for p in batch])
+            except StoreUnavailable as exc:
+                self._note_outage(loop, str(exc))
+                log.warning("calltape: %s; %d event(s) kept, retrying in %.2fs", exc, self.pending, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max)
+                continue
+            except CalltapeError:
+                await self._write_apart(batch)
+                break
+            self._settle(batch, stored)
+            break
+        if self.stats._outage_started is not None:
+            self.stats.outage_seconds += loop.time() - self.stats._outage_started
+            self.stats._outage_started = None
+
+    def _note_outage(self, loop: asyncio.AbstractEventLoop, error: str) -> None:
+        self.stats.retries += 1
+        self.stats.last_error = error
+        if self.stats._outage_started is None:
+            self.stats._outage_started = loop.time()
+
+    async def _write_apart(self, batch: list[_Pending]) -> None:
+        """A rule rejected the batch: write each session's events on their own, one by one if needed,
+        so one fenced zombie cannot block the other calls of the process."""
+        by_session = sorted(batch, key=lambda p: p.event.session)
+        for _, group_iter in groupby(by_session, key=lambda p: p.event.session):
+            group = list(group_iter)
+            try:
+                self._settle(group, await self._append_retrying([p.event for p in group]))
+                continue
+            except CalltapeError:
+                pass
+            for pending in group:
+                try:
+                    self._settle([pending], await self._append_retrying([pending.event]))
+                except CalltapeError as exc:
+                    self.stats.rejected += 1
+                    self.on_rejected([pending.event], exc)
+                    if pending.done is not None and not pending.done.done():
+                        pending.done.set_exception(exc)
+
+    async def _append_retrying(self, events: list[Event]) -> list[Event]:
+        delay = self.retry_initial
+        while True:
+            try:
+                return await self.store.append(events)
+            except StoreUnavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max)
+
+    def _settle(self, batch: Sequence[_Pending], stored: Sequence[Event]) -> None:
+        self.stats.committed += len(batch)
+        self.stats.batches += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        for pending, event in zip(batch, stored, strict=True):
+            if pending.done is not None and not pending.done.done():
+                pending.done.set_result(event)
+
+
+class SessionTape:
+    """One session's writer handle: fills in the session, the agent and the writer's epoch."""
+
+    def __init__(self, recorder: Recorder, session: str, *, agent: str | None = None, epoch: int | None = None):
+        self.recorder = recorder
+        self.session = session
+        self.agent = agent
+        self.epoch = epoch
+
+    def make(self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None) -> Event:
+        return make_event(self.session, event_type, data, agent=self.agent, epoch=self.epoch, at_ms=at_ms)
+
+    def emit(self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None) -> Event:
+        event = self.make(event_type, data, at_ms=at_ms)
+        self.recorder.emit(event)
+        return event
+
+    async def append(
+        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None
+    ) -> Event:
+        return await self.recorder.append(self.make(event_type, data, at_ms=at_ms))

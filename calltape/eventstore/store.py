@@ -1,0 +1,172 @@
+"""The event store interface shared by the PostgreSQL and SQLite backends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from typing import NamedTuple
+
+from calltape.errors import StoreUnavailable
+from calltape.events import Event
+from calltape.eventstore.append_plan import SessionInfo
+
+log = logging.getLogger("calltape.eventstore")
+
+
+class FeedPosition(NamedTuple):
+    """A place in the global feed: ``(txid, pos)``; ``txid`` is always 0 on SQLite."""
+
+    txid: int
+    pos: int
+
+    def __str__(self) -> str:
+        return f"{self.txid}:{self.pos}"
+
+    @classmethod
+    def parse(cls, text: str) -> FeedPosition:
+        txid, _, pos = text.strip().rpartition(":")
+        try:
+            return cls(int(txid or 0), int(pos))
+        except ValueError:
+            raise ValueError(f"'{text}' is not a feed position (expected TXID:POS or POS)") from None
+
+
+START = FeedPosition(0, 0)
+
+
+class ChangeWaiter(ABC):
+    """Sleeps until the log may have changed (a wake-up only: readers always re-read the feed)."""
+
+    @abstractmethod
+    async def wait(self, seconds: float) -> None: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class SleepWaiter(ChangeWaiter):
+    async def wait(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class EventStore(ABC):
+    """An append-only, per-session event log with a global feed."""
+
+    dialect: str
+    url: str
+
+    # -- writing -----------------------------------------------------------------------------
+
+    @abstractmethod
+    async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
+        """Appends atomically; returns the stored event for each input event, in input order.
+
+        Events whose id the session already has are not written again: the stored one is returned.
+        ``expected_seq`` (single-session batches) raises ``ConcurrencyConflict`` unless the session's
+        last seq is exactly that.
+        """
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @abstractmethod
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """A session's events with ``after_seq < seq <= to_seq``, in seq order."""
+
+    @abstractmethod
+    async def seq_at_time(self, session: str, at_ms: int) -> int:
+        """The longest prefix of the session whose events all happened at or before ``at_ms``."""
+
+    @abstractmethod
+    async def session_info(self, session: str) -> SessionInfo | None: ...
+
+    @abstractmethod
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        tenant: str | None = None,
+        status: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        order: str = "last_at",
+        descending: bool = True,
+        limit: int | None = None,
+    ) -> list[SessionInfo]:
+        """Sessions with their summaries; ``order`` is one of last_at, first_at, session, events."""
+
+    @abstractmethod
+    async def feed(
+        self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
+    ) -> list[tuple[FeedPosition, Event]]:
+        """Committed events after ``after`` across sessions, in an order that never changes behind a
+        reader: an event that commits later always lands after every position already returned."""
+
+    @abstractmethod
+    async def head(self) -> FeedPosition:
+        """The position after which new events will appear (for following from now)."""
+
+    @abstractmethod
+    def change_waiter(self) -> ChangeWaiter: ...
+
+    async def subscribe(
+        self,
+        after: FeedPosition | None = None,
+        *,
+        session: str | None = None,
+        poll_interval: float = 0.5,
+        batch: int = 500,
+    ) -> AsyncIterator[tuple[FeedPosition, Event]]:
+        """Follows the feed forever from ``after``; survives lost connections without gaps or repeats."""
+        position = after or START
+        waiter = self.change_waiter()
+        backoff = 0.05
+        try:
+            while True:
+                try:
+                    rows = await self.feed(position, limit=batch, session=session)
+                except StoreUnavailable as exc:
+                    log.warning("subscription: %s; retrying in %.2fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.05
+                for position, event in rows:
+                    yield position, event
+                if len(rows) < batch:
+                    await waiter.wait(poll_interval)
+        finally:
+            await waiter.close()
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None: ...
+
+    @abstractmethod
+    async def load_snapshot(
+        self, session: str, version: int, *, max_seq: int | None = None
+    ) -> tuple[int, bytes] | None:
+        """The newest snapshot of this fold version at or before ``max_seq``."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> EventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+SESSION_ORDER = {
+    "last_at": "last_at_ms",
+    "first_at": "first_at_ms",
+    "session": "session",
+    "events": "last_seq",
+}
