@@ -187,14 +187,17 @@ class ToolCallData(_Data):
     arguments: dict[str, Any] | str
     reply: str | None = None
 
-    @field_validator("arguments")
+    @field_validator("arguments", mode="before")
     @classmethod
-    def _json_arguments(cls, value: dict[str, Any] | str) -> dict[str, Any] | str:
-        if isinstance(value, str) and value.strip():
-            try:
-                orjson.loads(value)
-            except orjson.JSONDecodeError as exc:
-                raise ValueError("arguments is a string that is not valid JSON") from exc
+    def _json_arguments(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.strip():
+                try:
+                    orjson.loads(value)
+                except orjson.JSONDecodeError as exc:
+                    raise ValueError("arguments is a string that is not valid JSON") from exc
+        elif not isinstance(value, Mapping):
+            raise ValueError("arguments must be an object or a JSON string")
         return value
 
 
@@ -270,6 +273,17 @@ class _Envelope(BaseModel):
     agent: str | None = None
     epoch: int | None = Field(default=None, ge=1)
 
+    @field_validator("at", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+            except ValueError:
+                raise ValueError(f"'{value}' is not an RFC 3339 time") from None
+        return value
+
 
 def _envelope(event_type: str, data_model: type[_Data]) -> type[_Envelope]:
     name = "".join(part.capitalize() for part in event_type.split(".")) + "Event"
@@ -322,9 +336,12 @@ _WIRE_ADAPTER: TypeAdapter[Any] = TypeAdapter(WireEvent)
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ENVELOPE_MODELS))
+    loc = list(err["loc"])
+    if loc and (loc[0] in ENVELOPE_MODELS or loc[0] == "x"):
+        loc = loc[1:]  # the union's tag, not a field
+    where = ".".join(str(p) for p in loc)
     where = where.replace("from_", "from")
-    msg = str(err["msg"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "missing":
         return f"'{where}' is missing"
     if err["type"] == "extra_forbidden":

@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from alembic import command
-from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -19,7 +17,7 @@ from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
 from calltape.eventstore.store import EventStore
-from calltape.migrations import VERSION_TABLE, alembic_config, head_revision
+from calltape.migrations import HEAD, VERSION_TABLE, alembic_config
 
 ENV_URL = "CALLTAPE_DATABASE_URL"
 
@@ -74,10 +72,15 @@ def create_engine(url: str) -> AsyncEngine:
 
 
 def _current_revision(conn: Connection) -> str | None:
-    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    """The applied revision, read without importing Alembic (every CLI call opens a store)."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
 
 
 def _upgrade(conn: Connection) -> None:
+    from alembic import command
+
     cfg = alembic_config()
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, "head")
@@ -91,7 +94,7 @@ async def upgrade(url: str | None = None) -> tuple[str | None, str]:
         async with translate_errors(resolved), engine.begin() as conn:
             before = await conn.run_sync(_current_revision)
             await conn.run_sync(_upgrade)
-            return before, head_revision()
+            return before, HEAD
     finally:
         await engine.dispose()
 
@@ -104,7 +107,7 @@ async def open_store(url: str | None = None, *, upgrade_schema: bool | None = No
     try:
         async with translate_errors(resolved), engine.begin() as conn:
             current = await conn.run_sync(_current_revision)
-            head = head_revision()
+            head = HEAD
             if current != head:
                 if upgrade_schema if upgrade_schema is not None else sqlite:
                     await conn.run_sync(_upgrade)

@@ -17,10 +17,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 from calltape.errors import CalltapeError, StoreUnavailable
-from calltape.events import Event, make_event
+from calltape.events import Event, dumps_jsonl, make_event, now_ms
 from calltape.eventstore.store import EventStore
 
 log = logging.getLogger("calltape.recorder")
@@ -34,6 +35,17 @@ class RecorderFull(CalltapeError):
 
 class RecorderClosed(CalltapeError):
     """The recorder was closed; it accepts no more events."""
+
+
+class RecorderSpilled(CalltapeError):
+    """Closing gave up waiting for the database; the unwritten events were saved to a JSONL file."""
+
+    def __init__(self, path: Path, count: int) -> None:
+        super().__init__(
+            f"the database stayed unreachable, so {count} unwritten event(s) were saved to {path}; "
+            f"load them with `calltape import {path}`"
+        )
+        self.path, self.count = path, count
 
 
 @dataclass(slots=True)
@@ -80,6 +92,7 @@ class Recorder:
         self.stats = RecorderStats()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
+        self._inflight_batch: list[_Pending] = []
         self._wake = asyncio.Event()
         self._urgent = False
         self._room = asyncio.Event()
@@ -102,17 +115,50 @@ class Recorder:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        """Flushes everything accepted, then stops the writer."""
+    async def close(self, timeout: float | None = None, *, spill_dir: Path | None = None) -> None:  # noqa: ASYNC109
+        """Flushes everything accepted, then stops the writer.
+
+        With a ``timeout``, a database that stays unreachable does not hold shutdown hostage: what is
+        still unwritten is saved as JSONL in ``spill_dir`` (default: beside the embedded database) and
+        :class:`RecorderSpilled` says where. Import is idempotent, so loading that file later can
+        never duplicate an event that did commit in the meantime.
+        """
         if self._closed:
             return
-        await self.flush()
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        spilled: list[Event] = []
+        try:
+            if timeout is None:
+                await self.flush()
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self.flush()
+                except TimeoutError:
+                    spilled = self._unwritten()
+        finally:
+            self._closed = True
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+                self._task = None
+        if spilled:
+            raise RecorderSpilled(self._spill(spilled, spill_dir), len(spilled))
+
+    def _unwritten(self) -> list[Event]:
+        events = [p.event for p in self._inflight_batch] + [p.event for p in self._queue]
+        self._queue.clear()
+        return events
+
+    @staticmethod
+    def _spill(events: list[Event], spill_dir: Path | None) -> Path:
+        from calltape.eventstore.connect import default_path
+
+        folder = spill_dir or default_path().parent / "spill"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"calltape-spill-{now_ms()}.jsonl"
+        path.write_bytes(dumps_jsonl(events))
+        return path
 
     @property
     def pending(self) -> int:
@@ -182,9 +228,11 @@ class Recorder:
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
                 self._inflight = n
+                self._inflight_batch = batch
                 self._urgent = any(p.done is not None for p in self._queue)
                 await self._write(batch, loop)
                 self._inflight = 0
+                self._inflight_batch = []
                 if not self._room.is_set() and self.pending < self.max_pending:
                     self._room.set()
             self._urgent = False

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic.config import Config
-from alembic.script import ScriptDirectory
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+HEAD = "0001"
+"""The newest revision, kept here so opening a store needs no Alembic import (a test checks it)."""
 
 VERSION_TABLE = "calltape_alembic_version"
 """Our own version table, so calltape can share a database with an application's Alembic."""
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent))
     return cfg
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
