@@ -92,7 +92,11 @@ class Event:
         return wire
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.to_wire())
+        """One JSONL line; ``data`` keys sorted, so both backends export byte-identical lines
+        (PostgreSQL's jsonb does not keep key order)."""
+        wire = self.to_wire()
+        wire["data"] = orjson.Fragment(orjson.dumps(self.data, option=orjson.OPT_SORT_KEYS))
+        return orjson.dumps(wire)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +328,7 @@ _TAGGED: tuple[Any, ...] = (
     *(Annotated[m, Tag(t)] for t, m in ENVELOPE_MODELS.items()),
     Annotated[ExtensionEvent, Tag("x")],
 )
-WireEvent: Any = Annotated[Union[_TAGGED], Discriminator(_discriminate)]  # noqa: UP007
+WireEvent: Any = Annotated[Union[_TAGGED], Discriminator(_discriminate)]  # noqa: UP007 - a runtime-built Union
 """The discriminated union of every wire event (for JSON Schema and strict validation)."""
 
 _WIRE_ADAPTER: TypeAdapter[Any] = TypeAdapter(WireEvent)

@@ -50,28 +50,37 @@ def plan_append(
     sessions = {e.session for e in events}
     if expected_seq is not None and len(sessions) > 1:
         raise InvalidEvent("expected_seq needs a batch of one session")
-    changed: dict[str, SessionInfo] = {}
     seen: dict[tuple[str, str], Event] = {}
-    results: list[Event] = []
-    inserts: list[Event] = []
+    fresh: list[bool] = []
     for event in events:
         key = (event.session, event.id)
-        known = stored.get(key) or seen.get(key)
-        if known is not None:
-            results.append(known)
+        is_new = key not in stored and key not in seen
+        fresh.append(is_new)
+        if is_new:
+            seen[key] = event
+    if expected_seq is not None and any(fresh):
+        # Checked before any rule: a writer that lost the race must hear "conflict", not a rule
+        # failure caused by the events that beat it.
+        (session,) = sessions
+        actual = rows[session].last_seq
+        if actual != expected_seq:
+            raise ConcurrencyConflict(session, expected_seq, actual)
+    changed: dict[str, SessionInfo] = {}
+    admitted: dict[tuple[str, str], Event] = {}
+    results: list[Event] = []
+    inserts: list[Event] = []
+    for event, is_new in zip(events, fresh, strict=True):
+        key = (event.session, event.id)
+        if not is_new:
+            results.append(stored.get(key) or admitted[key])
             continue
         row = changed.get(event.session)
         if row is None:
             row = changed[event.session] = replace(rows[event.session])
         new = _admit(event, row)
-        seen[key] = new
+        admitted[key] = new
         results.append(new)
         inserts.append(new)
-    if expected_seq is not None and inserts:
-        (session,) = sessions
-        actual = rows[session].last_seq
-        if actual != expected_seq:
-            raise ConcurrencyConflict(session, expected_seq, actual)
     return AppendPlan(results, inserts, {s: r for s, r in changed.items() if r.last_seq != rows[s].last_seq})
 
 
@@ -112,4 +121,13 @@ def _admit(event: Event, row: SessionInfo) -> Event:
         row.first_at_ms = event.at_ms
     if row.last_at_ms is None or event.at_ms > row.last_at_ms:
         row.last_at_ms = event.at_ms
-    return replace(event, seq=row.last_seq, agent=agent)
+    return Event(
+        type=kind,
+        data=data,
+        session=event.session,
+        id=event.id,
+        at_ms=event.at_ms,
+        agent=agent,
+        epoch=event.epoch,
+        seq=row.last_seq,
+    )

@@ -20,6 +20,9 @@ _ASYNCPG_DISCONNECTS = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    # A backend terminated while the connection sat idle in the pool: its FATAL message leaves the
+    # protocol out of sync ("another operation is in progress") before the socket reports EOF.
+    asyncpg.InternalClientError,
 )
 
 

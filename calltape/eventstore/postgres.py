@@ -65,6 +65,7 @@ FROM ct_events e JOIN unnest($1::text[], $2::text[]) AS k(session, id) USING (se
 """
 
 _EVENT_COLUMNS = "session, seq, id, type, at_ms, agent, epoch, data::text AS data"
+_COPY_COLUMNS = ["session", "seq", "id", "type", "at_ms", "agent", "epoch", "data"]
 
 _FEED = f"""
 SELECT txid::text::bigint AS txid, pos, {_EVENT_COLUMNS} FROM ct_events
@@ -136,16 +137,28 @@ class PostgresEventStore(EventStore):
                             stored = {(r["session"], r["id"]): _row_to_event(r) for r in found}
                         plan = plan_append(events, rows, stored, expected_seq)
                         if plan.inserts:
-                            status = await conn.execute(_INSERT_EVENTS, *self._event_columns(plan.inserts))
-                            if int(status.rsplit(" ", 1)[1]) != len(plan.inserts):
-                                raise _StoredDuplicate
+                            if attempt:
+                                status = await conn.execute(_INSERT_EVENTS, *self._event_columns(plan.inserts))
+                                if int(status.rsplit(" ", 1)[1]) != len(plan.inserts):
+                                    raise _StoredDuplicate
+                            else:
+                                # COPY is the cheapest way in; a stored duplicate id aborts it
+                                # (unique violation) and attempt 1 decides again with the lookup.
+                                await conn.copy_records_to_table(
+                                    "ct_events", records=self._event_rows(plan.inserts), columns=_COPY_COLUMNS
+                                )
                             changed = list(plan.rows.values())
                             await conn.execute(_UPDATE_SESSIONS, *_columns(changed, _SESSION_FIELDS))
                     return plan.results
-                except (_StoredDuplicate, InvalidEvent, FencedWrite, ConcurrencyConflict):
+                except (_StoredDuplicate, asyncpg.UniqueViolationError, InvalidEvent, FencedWrite, ConcurrencyConflict):
                     if attempt:
                         raise
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+        dumps = orjson.dumps
+        return [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps(e.data).decode()) for e in events]
 
     @staticmethod
     def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
@@ -245,11 +258,12 @@ class PostgresEventStore(EventStore):
         return [(FeedPosition(r["txid"], r["pos"]), _row_to_event(r)) for r in rows]
 
     async def head(self) -> FeedPosition:
+        # Not the newest row: a transaction still in flight may hold a lower txid, and its events would
+        # land behind that position. (xmin, 0) is after every settled row and before every row of a
+        # transaction that was still running (or not yet begun) — exactly the feed's own horizon.
         async with self._connection() as conn:
-            row = await conn.fetchrow(
-                "SELECT txid::text::bigint AS txid, pos FROM ct_events ORDER BY txid DESC, pos DESC LIMIT 1"
-            )
-        return FeedPosition(row["txid"], row["pos"]) if row else FeedPosition(0, 0)
+            xmin = await conn.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        return FeedPosition(int(xmin), 0)
 
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url)

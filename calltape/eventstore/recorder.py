@@ -94,7 +94,8 @@ class Recorder:
         self._inflight = 0
         self._inflight_batch: list[_Pending] = []
         self._wake = asyncio.Event()
-        self._urgent = False
+        self._hurry = asyncio.Event()
+        self._durable = 0
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()
@@ -115,7 +116,7 @@ class Recorder:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self, timeout: float | None = None, *, spill_dir: Path | None = None) -> None:  # noqa: ASYNC109
+    async def close(self, timeout: float | None = None, *, spill_dir: Path | None = None) -> None:
         """Flushes everything accepted, then stops the writer.
 
         With a ``timeout``, a database that stays unreachable does not hold shutdown hostage: what is
@@ -125,7 +126,7 @@ class Recorder:
         """
         if self._closed:
             return
-        spilled: list[Event] = []
+        spilled: list[_Pending] = []
         try:
             if timeout is None:
                 await self.flush()
@@ -143,12 +144,16 @@ class Recorder:
                     await self._task
                 self._task = None
         if spilled:
-            raise RecorderSpilled(self._spill(spilled, spill_dir), len(spilled))
+            error = RecorderSpilled(self._spill([p.event for p in spilled], spill_dir), len(spilled))
+            for pending in spilled:  # a durable append still waiting is told, never left hanging
+                if pending.done is not None and not pending.done.done():
+                    pending.done.set_exception(error)
+            raise error
 
-    def _unwritten(self) -> list[Event]:
-        events = [p.event for p in self._inflight_batch] + [p.event for p in self._queue]
+    def _unwritten(self) -> list[_Pending]:
+        pendings = [*self._inflight_batch, *self._queue]
         self._queue.clear()
-        return events
+        return pendings
 
     @staticmethod
     def _spill(events: list[Event], spill_dir: Path | None) -> Path:
@@ -174,10 +179,13 @@ class Recorder:
         if len(self._queue) + self._inflight >= self.max_pending:
             self._room.clear()
             raise RecorderFull(f"the recorder already holds {self.max_pending} unwritten events")
-        self._queue.append(_Pending(event))
+        queue = self._queue
+        queue.append(_Pending(event))
         self._idle.clear()
         if not self._wake.is_set():
             self._wake.set()
+        if len(queue) >= self.max_batch:
+            self._hurry.set()
 
     async def put(self, event: Event) -> None:
         """Like :meth:`emit`, but waits for room instead of raising (backpressure)."""
@@ -196,8 +204,9 @@ class Recorder:
             raise RecorderClosed("the recorder is not started (await recorder.start())")
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(event, done))
+        self._durable += 1
         self._idle.clear()
-        self._urgent = True
+        self._hurry.set()
         self._wake.set()
         return await done
 
@@ -205,7 +214,7 @@ class Recorder:
         """Waits until everything accepted so far has committed (or been rejected)."""
         if self._task is None and self._queue:
             raise RecorderClosed("the recorder is not started (await recorder.start())")
-        self._urgent = True
+        self._hurry.set()
         self._wake.set()
         await self._idle.wait()
 
@@ -222,41 +231,58 @@ class Recorder:
             if not self._queue:
                 self._idle.set()
                 continue
-            if not self._urgent and len(self._queue) < self.max_batch:
-                await asyncio.sleep(self.max_delay)  # let the batch fill: group commit
+            if not self._hurry.is_set() and len(self._queue) < self.max_batch:
+                # Group commit: let the batch fill for up to max_delay, unless someone needs it now
+                # (a durable append, a flush, or a full batch).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.max_delay):
+                        await self._hurry.wait()
             while self._queue:
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
+                self._durable -= sum(1 for p in batch if p.done is not None)
                 self._inflight = n
                 self._inflight_batch = batch
-                self._urgent = any(p.done is not None for p in self._queue)
                 await self._write(batch, loop)
                 self._inflight = 0
                 self._inflight_batch = []
                 if not self._room.is_set() and self.pending < self.max_pending:
                     self._room.set()
-            self._urgent = False
+            if not self._durable:
+                self._hurry.clear()
             self._idle.set()
 
     async def _write(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
-        delay = self.retry_initial
-        while True:
-            try:
-                stored = await self.store.append([p.event for p in batch])
-            except StoreUnavailable as exc:
-                self._note_outage(loop, str(exc))
-                log.warning("calltape: %s; %d event(s) kept, retrying in %.2fs", exc, self.pending, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max)
-                continue
-            except CalltapeError:
-                await self._write_apart(batch)
-                break
+        try:
+            stored = await self._append_retrying([p.event for p in batch], loop)
+        except CalltapeError:
+            await self._write_apart(batch, loop)
+        else:
             self._settle(batch, stored)
-            break
         if self.stats._outage_started is not None:
             self.stats.outage_seconds += loop.time() - self.stats._outage_started
             self.stats._outage_started = None
+
+    async def _append_retrying(self, events: list[Event], loop: asyncio.AbstractEventLoop) -> list[Event]:
+        """Retries an unreachable store forever (nothing accepted is dropped) and an unexpected error
+        a few times; a rule's verdict (fenced, invalid, conflict) is final. The writer never dies."""
+        delay = self.retry_initial
+        surprises = 0
+        while True:
+            try:
+                return await self.store.append(events)
+            except StoreUnavailable as exc:
+                self._note_outage(loop, str(exc))
+                log.warning("calltape: %s; %d event(s) kept, retrying in %.2fs", exc, self.pending, delay)
+            except CalltapeError:
+                raise
+            except Exception as exc:
+                surprises += 1
+                log.exception("calltape: unexpected error while appending %d event(s)", len(events))
+                if surprises >= 5:
+                    raise CalltapeError(f"the store failed {surprises} times in a row: {exc!r}") from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.retry_max)
 
     def _note_outage(self, loop: asyncio.AbstractEventLoop, error: str) -> None:
         self.stats.retries += 1
@@ -264,34 +290,28 @@ class Recorder:
         if self.stats._outage_started is None:
             self.stats._outage_started = loop.time()
 
-    async def _write_apart(self, batch: list[_Pending]) -> None:
+    async def _write_apart(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
         """A rule rejected the batch: write each session's events on their own, one by one if needed,
         so one fenced zombie cannot block the other calls of the process."""
         by_session = sorted(batch, key=lambda p: p.event.session)
         for _, group_iter in groupby(by_session, key=lambda p: p.event.session):
             group = list(group_iter)
             try:
-                self._settle(group, await self._append_retrying([p.event for p in group]))
+                self._settle(group, await self._append_retrying([p.event for p in group], loop))
                 continue
             except CalltapeError:
                 pass
             for pending in group:
                 try:
-                    self._settle([pending], await self._append_retrying([pending.event]))
+                    self._settle([pending], await self._append_retrying([pending.event], loop))
                 except CalltapeError as exc:
                     self.stats.rejected += 1
-                    self.on_rejected([pending.event], exc)
+                    try:
+                        self.on_rejected([pending.event], exc)
+                    except Exception:
+                        log.exception("calltape: on_rejected failed")
                     if pending.done is not None and not pending.done.done():
                         pending.done.set_exception(exc)
-
-    async def _append_retrying(self, events: list[Event]) -> list[Event]:
-        delay = self.retry_initial
-        while True:
-            try:
-                return await self.store.append(events)
-            except StoreUnavailable:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max)
 
     def _settle(self, batch: Sequence[_Pending], stored: Sequence[Event]) -> None:
         self.stats.committed += len(batch)
@@ -311,15 +331,35 @@ class SessionTape:
         self.agent = agent
         self.epoch = epoch
 
-    def make(self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None) -> Event:
-        return make_event(self.session, event_type, data, agent=self.agent, epoch=self.epoch, at_ms=at_ms)
+    def make(
+        self,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at_ms: int | None = None,
+        id: str | None = None,
+    ) -> Event:
+        return make_event(self.session, event_type, data, id=id, agent=self.agent, epoch=self.epoch, at_ms=at_ms)
 
-    def emit(self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None) -> Event:
-        event = self.make(event_type, data, at_ms=at_ms)
+    def emit(
+        self,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at_ms: int | None = None,
+        id: str | None = None,
+    ) -> Event:
+        """Records without waiting. A fixed ``id`` makes re-emitting the same fact harmless."""
+        event = self.make(event_type, data, at_ms=at_ms, id=id)
         self.recorder.emit(event)
         return event
 
     async def append(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None
+        self,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at_ms: int | None = None,
+        id: str | None = None,
     ) -> Event:
-        return await self.recorder.append(self.make(event_type, data, at_ms=at_ms))
+        return await self.recorder.append(self.make(event_type, data, at_ms=at_ms, id=id))
