@@ -1,0 +1,211 @@
+"""Resume (SPEC section 4): the plan, and the events that make the log alone reproduce it.
+
+The plan is computed on a copy of the session's fold: every settling event is folded as it is
+decided, so what the plan shows is exactly what ``context(session)`` will show once the events are
+appended — by construction, not by a second implementation of the rules. The append carries
+``expected_seq``: of two agents racing to resume one session, exactly one wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calltape.events import Event, make_event
+from calltape.eventstore import EventStore
+from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries
+from calltape.runtime.tools import ToolSpec
+
+_TOOL_EVENTS = frozenset({"tool.call", "tool.started", "tool.progress", "tool.result", "tool.cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDecision:
+    call_id: str
+    name: str
+    status: str
+    decision: str
+    """``reuse`` (its result is in the log), ``retry`` (safe to run again under the same call id) or
+    ``unknown`` (it may or may not have run: never re-run automatically)."""
+    progress: Any = None
+    has_progress: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "call_id": self.call_id,
+            "name": self.name,
+            "status": self.status,
+            "decision": self.decision,
+        }
+        if self.has_progress:
+            out["progress"] = self.progress
+        return out
+
+
+@dataclass(slots=True)
+class ResumePlan:
+    session: str
+    agent: str
+    epoch: int
+    checkpoint_seq: int
+    resumed_at_seq: int
+    context: Any
+    tools: list[ToolDecision]
+    events: list[Event] = field(default_factory=list)
+    """The settling events and ``session.resumed`` (with their seqs once appended)."""
+    dry_run: bool = False
+    fold: ContextFold | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "agent": self.agent,
+            "epoch": self.epoch,
+            "checkpoint_seq": self.checkpoint_seq,
+            "resumed_at_seq": self.resumed_at_seq,
+            "context": self.context,
+            "tools": [t.to_json() for t in self.tools],
+        }
+
+
+class _Settler:
+    """Builds the resume events on a copy of the fold, folding each one as it is decided."""
+
+    def __init__(self, fold: ContextFold, agent: str, epoch: int) -> None:
+        self.fold = ContextFold.from_snapshot(fold.to_snapshot())
+        self.agent, self.epoch = agent, epoch
+        self.events: list[Event] = []
+
+    def add(self, event_type: str, data: dict[str, Any]) -> Event:
+        assert self.fold.session is not None
+        event = make_event(self.fold.session, event_type, data, agent=self.agent, epoch=self.epoch)
+        event.seq = self.fold.seq + 1
+        self.fold.apply(event)
+        self.events.append(event)
+        return event
+
+
+async def _decide(call: ToolCallState, spec: ToolSpec | None, settler: _Settler) -> str:
+    if call.status in ("completed", "error"):
+        return "reuse"
+    if call.status != "in_progress":
+        return "reuse"  # settled already (timeout, cancelled, unknown): the recorded outcome stands
+    if not call.started or (spec is not None and spec.idempotent):
+        return "retry"  # never started (no side effects yet), or declared safe to repeat
+    if spec is not None and spec.reconcile is not None:
+        output = await spec.reconcile(call)
+        if output is not None:
+            settler.add("tool.result", {"call": call.call_id, "output": output, "reconciled": True})
+            return "reuse"
+    settler.add("tool.cancelled", {"call": call.call_id, "reason": "dropped", "outcome": "unknown"})
+    return "unknown"
+
+
+async def resume(
+    store: EventStore,
+    session: str,
+    agent: str,
+    *,
+    dry_run: bool = False,
+    tools: Mapping[str, ToolSpec] | None = None,
+    instructions: str | None = None,
+    format: str = "native",
+    bus: RecoveryBus | None = None,
+) -> ResumePlan:
+    """Settles what the drop left open and hands the session to ``agent`` at a new epoch.
+
+    Works on a live session too (an operator moving a call): the old writer is fenced either way.
+    Raises ``SessionNotFound``, and ``ConcurrencyConflict`` when another agent resumed first.
+    """
+    started = time.perf_counter()
+    tools = tools or {}
+    fold = await build_context(store, session)
+    checkpoint = fold.last_clean_seq
+    base_seq = fold.seq
+    info = await store.session_info(session)
+    old_epoch = info.epoch if info is not None else max(fold.epoch, 1)
+    settler = _Settler(fold, agent, old_epoch + 1)
+
+    for reply in fold.open_replies():
+        if reply.speech_started:  # playout cut by the drop: keep what was heard so far
+            settler.add("agent.speech.ended", {"reply": reply.reply, "interrupted": True, "heard": reply.heard})
+        else:  # generation (or queued speech) cut: nothing of it was heard
+            settler.add("interruption", {"reply": reply.reply, "cause": "system"})
+
+    tail = await store.read(session, after_seq=checkpoint)
+    tail_calls = list(dict.fromkeys(e.data["call"] for e in tail if e.type in _TOOL_EVENTS))
+    decisions: list[ToolDecision] = []
+    for call_id in tail_calls:
+        call = settler.fold.tool_call(call_id)
+        if call is None or not call.included:
+            continue
+        decision = await _decide(call, tools.get(call.name), settler)
+        final = settler.fold.tool_call(call_id)
+        assert final is not None
+        decisions.append(ToolDecision(call_id, final.name, final.status, decision, final.progress, final.has_progress))
+
+    resumed = settler.add("session.resumed", {"agent": agent, "epoch": settler.epoch, "from_seq": checkpoint})
+    if instructions is not None:
+        settler.add("agent.instructions", {"text": instructions})
+    figures = {
+        "checkpoint_seq": checkpoint,
+        "settled": len(settler.events) - 1,
+        "retry": sum(d.decision == "retry" for d in decisions),
+        "unknown": sum(d.decision == "unknown" for d in decisions),
+        "reuse": sum(d.decision == "reuse" for d in decisions),
+        "epoch": settler.epoch,
+        "agent": agent,
+    }
+    settler.add(RECOVERY_EVENT_TYPE, {"kind": "resume", **figures})
+
+    events = settler.events
+    if not dry_run:
+        # expected_seq: of two agents racing to resume, the second gets ConcurrencyConflict.
+        events = await store.append(settler.events, expected_seq=base_seq)
+        figures["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        (bus or recoveries).report(Recovery("resume", session, figures))
+    assert resumed.seq is not None
+    return ResumePlan(
+        session=session,
+        agent=agent,
+        epoch=settler.epoch,
+        checkpoint_seq=checkpoint,
+        resumed_at_seq=resumed.seq,
+        context=render(settler.fold.native(), format),
+        tools=decisions,
+        events=events,
+        dry_run=dry_run,
+        fold=settler.fold,
+    )
+
+
+async def handoff(
+    store: EventStore,
+    session: str,
+    to: str,
+    *,
+    instructions: str | None = None,
+    reason: str | None = None,
+    format: str = "native",
+    bus: RecoveryBus | None = None,
+) -> Any:
+    """Hands a session to another agent from outside the live process: appends ``agent.handoff`` and
+    returns the context the new agent starts with (calls and outputs kept, whatever its tools)."""
+    fold = await build_context(store, session)
+    data: dict[str, Any] = {"from": fold.agent or "", "to": to}
+    if instructions is not None:
+        data["instructions"] = instructions
+    if reason is not None:
+        data["reason"] = reason
+    figures = {"from": data["from"], "to": to}
+    event = make_event(session, "agent.handoff", data)
+    # The recovery goes to the log with the handoff (as CallSession.handoff does), so `calltape stats`
+    # counts it from the log alone.
+    noted = make_event(session, RECOVERY_EVENT_TYPE, {"kind": "handoff", **figures}, agent=to)
+    for stored in await store.append([event, noted], expected_seq=fold.seq):
+        fold.apply(stored)
+    (bus or recoveries).report(Recovery("handoff", session, figures))
+    return render(fold.native(), format)

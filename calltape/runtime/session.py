@@ -1,0 +1,255 @@
+"""The live call: one session's writer, its live context, its waiters and its tools.
+
+Every event goes through :meth:`CallSession.emit`: validated, handed to the recorder (no I/O) and
+folded at once into the live :class:`~calltape.projections.ContextFold` — the same fold a replay
+runs — so the context the agent gets now is the context the log will rebuild later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from calltape.errors import CalltapeError
+from calltape.events import Event
+from calltape.eventstore.recorder import Recorder, SessionTape
+from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, watch_fenced_writes
+from calltape.runtime.tools import ToolBody, ToolOutcome, ToolRunner, ToolSpec
+from calltape.runtime.waits import Interrupted, PlayoutWaiters
+
+
+class CallSession:
+    def __init__(
+        self,
+        recorder: Recorder,
+        session_id: str,
+        fold: ContextFold,
+        *,
+        agent: str | None,
+        epoch: int | None,
+        tools: Mapping[str, ToolSpec] | None = None,
+        bus: RecoveryBus | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.session_id = session_id
+        self.fold = fold
+        self.tape: SessionTape = recorder.session(session_id, agent=agent, epoch=epoch)
+        self.tools: dict[str, ToolSpec] = dict(tools or {})
+        self.bus = bus or recoveries
+        self.playout = PlayoutWaiters()
+        self.runner = ToolRunner(self)
+        watch_fenced_writes(recorder, self.bus)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        recorder: Recorder,
+        session_id: str,
+        *,
+        agent: str,
+        instructions: str | None = None,
+        modality: str = "voice",
+        tenant: str | None = None,
+        framework: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
+        bus: RecoveryBus | None = None,
+    ) -> CallSession:
+        """Opens a new session (epoch 1); ``session.started`` is durable when this returns."""
+        call = cls(recorder, session_id, ContextFold(session_id), agent=agent, epoch=1, tools=tools, bus=bus)
+        data: dict[str, Any] = {"agent": agent, "modality": modality}
+        for key, value in (
+            ("instructions", instructions),
+            ("tenant", tenant),
+            ("framework", framework),
+            ("metadata", dict(metadata) if metadata is not None else None),
+        ):
+            if value is not None:
+                data[key] = value
+        await call.emit_durable("session.started", data)
+        return call
+
+    @classmethod
+    async def attach(
+        cls,
+        recorder: Recorder,
+        session_id: str,
+        *,
+        tools: Mapping[str, ToolSpec] | None = None,
+        bus: RecoveryBus | None = None,
+    ) -> CallSession:
+        """Continues an existing session (e.g. after :func:`calltape.runtime.resume`) at its current epoch."""
+        await recorder.flush()
+        fold = await build_context(recorder.store, session_id)
+        return cls(recorder, session_id, fold, agent=fold.agent, epoch=fold.epoch, tools=tools, bus=bus)
+
+    # -- recording ---------------------------------------------------------------------------
+
+    @property
+    def agent(self) -> str | None:
+        return self.fold.agent
+
+    @property
+    def epoch(self) -> int | None:
+        return self.tape.epoch
+
+    def emit(
+        self,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at_ms: int | None = None,
+        id: str | None = None,
+    ) -> Event:
+        """Records one event without waiting (the voice loop's call) and folds it into the live context.
+
+        A fixed ``id`` makes re-emitting the same fact harmless: the store and the fold skip duplicates."""
+        event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
+        if id is not None and self.fold.knows(id):
+            return event
+        self.recorder.emit(event)
+        self._fold(event)
+        return event
+
+    async def emit_durable(
+        self,
+        event_type: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        at_ms: int | None = None,
+        id: str | None = None,
+    ) -> Event:
+        """Records one event and returns once it has committed (after everything emitted before it)."""
+        event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
+        self._fold(event)
+        return await self.recorder.append(event)
+
+    def _fold(self, event: Event) -> None:
+        self.fold.apply(event)
+        kind = event.type
+        if kind == "interruption":
+            self.playout.interrupt(event.data.get("reply"), event.data.get("cause"))
+            self.runner.on_interruption()
+        elif kind == "agent.speech.ended":
+            reply = event.data["reply"]
+            if event.data.get("interrupted"):
+                self.playout.interrupt(reply, "playout cut")
+                self.runner.on_interruption()
+            else:
+                self.playout.finish(reply)
+        elif kind == "agent.reply.done":
+            # A reply with nothing to play (text session, or only tool calls) is over once generated.
+            reply = event.data["reply"]
+            if self.playout.has(reply):
+                state = self.fold.reply_state(reply)
+                if state is not None and not (state.generating or state.awaiting_playout or state.interrupted):
+                    self.playout.finish(reply)
+        elif kind == "agent.handoff":
+            self.tape.agent = event.data["to"]
+        elif kind in ("session.ended", "session.dropped"):
+            self.playout.interrupt(None, kind)
+
+    def report(self, recovery: Recovery) -> None:
+        """Reports a recovery to the sinks and records it in the session's log (``x.recovery``)."""
+        self.bus.report(recovery)
+        try:
+            event = self.tape.make(RECOVERY_EVENT_TYPE, recovery.as_data())
+            self.recorder.emit(event)
+        except CalltapeError:
+            return  # a full or closed recorder: the sinks have it; the call must go on
+        # Folded like every other event it writes (the fold skips x. types but counts them), so the
+        # live context's seq / last_clean_seq stay those of the log.
+        self.fold.apply(event)
+
+    # -- reading the live context -------------------------------------------------------------
+
+    def context(self, format: str = "native") -> Any:
+        return render(self.fold.native(), format)
+
+    def call_state(self, call_id: str) -> ToolCallState | None:
+        return self.fold.tool_call(call_id)
+
+    def reply_interrupted(self, reply: str) -> bool:
+        state = self.fold.reply_state(reply)
+        return state is not None and state.interrupted
+
+    # -- the runtime --------------------------------------------------------------------------
+
+    async def run_tool(
+        self,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        body: ToolBody,
+        *,
+        reply: str | None = None,
+        spec: ToolSpec | None = None,
+    ) -> ToolOutcome:
+        """Runs a tool call under the log's protection (SPEC section 3)."""
+        return await self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+
+    def interrupt(self, reply: str | None = None, *, cause: str = "user_speech", heard: str | None = None) -> Event:
+        """Barge-in: records ``interruption`` and releases every playout waiter at once."""
+        data: dict[str, Any] = {"cause": cause}
+        if reply is not None:
+            data["reply"] = reply
+        if heard is not None:
+            data["heard"] = heard
+        return self.emit("interruption", data)
+
+    async def wait_for_playout(self, reply: str | None = None, timeout: float | None = None) -> None:
+        """Returns when the reply's playout ends; raises :class:`Interrupted` within milliseconds of a
+        barge-in. ``reply`` defaults to the latest one. ``timeout`` only bounds a playout that never ends."""
+        rid = reply or self.fold.latest_reply()
+        if rid is None:
+            return
+        state = self.fold.reply_state(rid)
+        if state is not None and state.interrupted:
+            raise Interrupted(rid)
+        if state is None or not (state.generating or state.awaiting_playout):
+            return
+        future = self.playout.add(rid)
+        started = time.perf_counter()
+        try:
+            if timeout is None:
+                await future
+            else:
+                async with asyncio.timeout(timeout):
+                    await future
+        except Interrupted as exc:
+            now = time.perf_counter()
+            figures = {
+                "reply": rid,
+                "release_ms": round((now - exc.at) * 1000, 3),
+                "waited_ms": round((now - started) * 1000, 3),
+            }
+            self.report(Recovery("waiter_released", self.session_id, figures))
+            raise
+        finally:
+            self.playout.discard(rid, future)
+
+    async def handoff(
+        self, to: str, *, instructions: str | None = None, reason: str | None = None, format: str = "native"
+    ) -> Any:
+        """Hands the live call to another agent: ``agent.handoff`` (durable), then its context.
+
+        Calls and outputs stay in the context even if the new agent lacks those tools."""
+        data: dict[str, Any] = {"from": self.agent or "", "to": to}
+        if instructions is not None:
+            data["instructions"] = instructions
+        if reason is not None:
+            data["reason"] = reason
+        await self.emit_durable("agent.handoff", data)
+        self.report(Recovery("handoff", self.session_id, {"from": data["from"], "to": to}))
+        return self.context(format)
+
+    async def end(self, reason: str | None = None) -> None:
+        await self.emit_durable("session.ended", {"reason": reason} if reason else {})
+
+    async def drop(self, reason: str | None = None) -> None:
+        await self.emit_durable("session.dropped", {"reason": reason} if reason else {})

@@ -1,0 +1,65 @@
+"""Interruption-aware waits: a barge-in releases every waiter at once, never after a fixed timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from calltape.errors import CalltapeError
+
+
+class Interrupted(CalltapeError):
+    """The reply being waited on was interrupted (barge-in, API cancel, or a dropped call)."""
+
+    def __init__(self, reply: str | None, cause: str | None = None) -> None:
+        what = f"reply '{reply}'" if reply else "the reply"
+        super().__init__(f"{what} was interrupted" + (f" ({cause})" if cause else ""))
+        self.reply, self.cause = reply, cause
+        self.at = time.perf_counter()
+        """When the interruption was taken (to measure how fast waiters were released)."""
+
+
+class PlayoutWaiters:
+    """Futures keyed by reply id: resolved when playout ends, failed with Interrupted on a barge-in."""
+
+    def __init__(self) -> None:
+        self._waiting: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
+
+    def add(self, reply: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[reply].append(future)
+        return future
+
+    def has(self, reply: str) -> bool:
+        return bool(self._waiting.get(reply))
+
+    def discard(self, reply: str, future: asyncio.Future[None]) -> None:
+        futures = self._waiting.get(reply)
+        if futures and future in futures:
+            futures.remove(future)
+            if not futures:
+                del self._waiting[reply]
+
+    def finish(self, reply: str) -> int:
+        return self._settle(self._waiting.pop(reply, []), None)
+
+    def interrupt(self, reply: str | None, cause: str | None = None) -> int:
+        """Fails the waiters of ``reply``, or of every reply when it is None; returns how many."""
+        replies = list(self._waiting) if reply is None else [reply]
+        released = 0
+        for rid in replies:
+            released += self._settle(self._waiting.pop(rid, []), Interrupted(rid, cause))
+        return released
+
+    @staticmethod
+    def _settle(futures: list[asyncio.Future[None]], error: Exception | None) -> int:
+        n = 0
+        for future in futures:
+            if not future.done():
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+                n += 1
+        return n
