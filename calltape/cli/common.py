@@ -1,0 +1,222 @@
+"""What every command shares: the store, the error style, output helpers, time and instant parsing.
+
+Heavy modules (the store, SQLAlchemy, the projections) are imported inside functions, so
+``calltape --help`` and shell completion stay fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+
+from calltape.errors import CalltapeError
+
+if TYPE_CHECKING:
+    from calltape.eventstore import EventStore
+
+T = TypeVar("T")
+
+
+class CliError(CalltapeError):
+    """A user error found by the CLI itself (bad option value, unreadable file, …)."""
+
+
+@dataclass(slots=True)
+class CliState:
+    db: str | None = None
+
+
+def state(ctx: typer.Context) -> CliState:
+    root = ctx.find_root()
+    obj = root.obj
+    if not isinstance(obj, CliState):
+        obj = root.obj = CliState()
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Consoles. When stdout is not a terminal, rich would wrap at 80 columns: widen it so a piped
+# `show` or `sessions` keeps one row per line.
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+
+
+_out: Console | None = None
+_err: Console | None = None
+
+
+def out() -> Console:
+    global _out
+    if _out is None:
+        _out = _console()
+    return _out
+
+
+def err() -> Console:
+    global _err
+    if _err is None:
+        _err = _console(stderr=True)
+    return _err
+
+
+def write_json(value: Any, *, indent: bool = True) -> None:
+    """JSON on stdout, bypassing rich (no wrapping, no markup)."""
+    option = orjson.OPT_INDENT_2 if indent else 0
+    sys.stdout.buffer.write(orjson.dumps(value, option=option | orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def note(message: str) -> None:
+    """A side remark on stderr (never mixed into JSON on stdout)."""
+    err().print(message, style="dim", markup=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running async command bodies against the store.
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@contextlib.asynccontextmanager
+async def opened_store(ctx: typer.Context) -> AsyncIterator[EventStore]:
+    """The store named by ``--db``, ``$CALLTAPE_DATABASE_URL`` or the embedded default."""
+    from calltape.eventstore import open_store
+
+    store = await open_store(state(ctx).db)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def require_session(store: EventStore, session: str) -> Any:
+    from calltape.errors import SessionNotFound
+
+    info = await store.session_info(session)
+    if info is None:
+        raise SessionNotFound(session)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Times.
+
+_AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d|w)")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
+
+
+def parse_when(value: str, option: str) -> int:
+    """``--since``/``--until``: RFC 3339, a date, or a duration ago (``30m``, ``2h``, ``7d``)."""
+    from calltape.events import now_ms, parse_time
+
+    text = value.strip()
+    match = _AGO.fullmatch(text)
+    if match:
+        return now_ms() - round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    try:
+        return parse_time(text)
+    except CalltapeError:
+        raise CliError(
+            f"{option} '{value}' is not a time: use RFC 3339 (2025-01-31T09:30:00Z), a date (2025-01-31) "
+            "or a duration ago (30m, 2h, 7d)"
+        ) from None
+
+
+def clock(at_ms: int | None) -> str:
+    """A UTC wall-clock time for tables: ``2025-01-31 09:30:12``."""
+    if at_ms is None:
+        return ""
+    return datetime.fromtimestamp(at_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(ms: int | None) -> str:
+    """``850ms``, ``12.4s``, ``3m05s``, ``1h02m``."""
+    if ms is None:
+        return ""
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def offset(ms: int) -> str:
+    """Time since the session start: ``+12.345``."""
+    sign = "-" if ms < 0 else "+"
+    ms = abs(ms)
+    minutes, rest = divmod(ms, 60_000)
+    if minutes:
+        return f"{sign}{minutes}:{rest // 1000:02d}.{rest % 1000:03d}"
+    return f"{sign}{rest // 1000}.{rest % 1000:03d}"
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def compact_json(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return shorten(text, limit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared option definitions.
+
+FORMAT_HELP = "Context format: native, openai, anthropic or realtime."
+
+
+def format_names() -> list[str]:
+    from calltape.projections import FORMATS
+
+    return list(FORMATS)
+
+
+def check_format(value: str) -> str:
+    if value not in format_names():
+        raise CliError(f"unknown context format '{value}' (use one of: {', '.join(format_names())})")
+    return value
+
+
+def complete_format(incomplete: str) -> list[str]:
+    return [name for name in format_names() if name.startswith(incomplete)]
+
+
+def one_of(*values: str) -> Any:
+    """An option callback accepting only ``values`` (a usage error otherwise), for any typer version."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in values:
+            raise typer.BadParameter(f"'{value}' is not one of: {', '.join(values)}")
+        return value
+
+    return check
+
+
+def completer(*values: str) -> Any:
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
