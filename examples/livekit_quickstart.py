@@ -1,0 +1,108 @@
+"""calltape on a LiveKit Agents session, offline: a scripted LLM, no room, no keys.
+
+    pip install 'calltape[livekit]'
+    python examples/livekit_quickstart.py
+
+The caller asks for a booking, barges in while the booking tool runs and asks about parking. The
+booking result lands after the barge-in; calltape's context keeps it in the turn that asked for it,
+and a second agent is then seeded with that context, tool items included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from typing import Any
+
+from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+
+from calltape.adapters.livekit import attach, guarded, rehydrate
+from calltape.eventstore import open_store
+from calltape.eventstore.recorder import Recorder
+from calltape.runtime import CallSession
+
+
+class ScriptedLLM(llm.LLM[Any]):
+    """Answers each request with the next scripted (text, tool calls) step."""
+
+    def __init__(self, steps: list[tuple[str, list[tuple[str, str, dict[str, Any]]]]]) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def chat(
+        self,
+        *,
+        chat_ctx: llm.ChatContext,
+        tools: list[llm.Tool] | None = None,
+        conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS,
+        parallel_tool_calls: NotGivenOr[bool] = NOT_GIVEN,
+        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
+        extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
+    ) -> llm.LLMStream:
+        text, calls = self.steps.pop(0) if self.steps else ("", [])
+        return _Stream(self, text, calls, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+
+class _Stream(llm.LLMStream):
+    def __init__(self, owner: ScriptedLLM, text: str, calls: list[tuple[str, str, dict[str, Any]]], **kw: Any):
+        super().__init__(owner, **kw)
+        self._text, self._calls = text, calls
+
+    async def _run(self) -> None:
+        if self._text:
+            self._event_ch.send_nowait(
+                llm.ChatChunk(id="r", delta=llm.ChoiceDelta(role="assistant", content=self._text))
+            )
+        if self._calls:
+            tool_calls = [llm.FunctionToolCall(name=n, arguments=json.dumps(a), call_id=c) for c, n, a in self._calls]
+            self._event_ch.send_nowait(llm.ChatChunk(id="r", delta=llm.ChoiceDelta(tool_calls=tool_calls)))
+
+
+class Concierge(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="You book tables.")
+
+    @function_tool
+    @guarded  # runs under calltape: durable start, 10 s timeout, never twice for one call id
+    async def book(self, ctx: RunContext[Any], when: str) -> str:
+        """Books a table."""
+        await asyncio.sleep(0.5)
+        return f"table booked for {when}"
+
+
+async def main() -> None:
+    store = await open_store(f"sqlite:///{tempfile.mkdtemp()}/calltape.db")
+    recorder = await Recorder(store).start()
+    session: AgentSession[Any] = AgentSession(
+        llm=ScriptedLLM([("One moment.", [("call_1", "book", {"when": "7pm"})]), ("Parking is free.", [])])
+    )
+
+    agent = Concierge()
+    # attach calltape: these two lines
+    call = await CallSession.start(recorder, "demo-call", agent=agent.id, instructions="You book tables.")
+    tap = attach(session, call)
+    await session.start(agent)
+
+    session.generate_reply(user_input="Book a table at 7pm.")
+    await asyncio.sleep(0.1)
+    session.interrupt()  # the caller barges in while the booking runs
+    await session.generate_reply(user_input="Is there parking?")
+    await asyncio.sleep(0.6)  # the booking result lands after the barge-in
+
+    print("calltape context (OpenAI format):")
+    print(json.dumps(call.context("openai"), indent=2))
+
+    # a second agent without the `book` tool still sees the booking
+    billing = await rehydrate(Agent(instructions="You handle billing."), call.context())
+    print("\nseeded agent's items:", [item.type for item in billing.chat_ctx.items])
+
+    await session.aclose()
+    await tap.drain()
+    await recorder.close()
+    await store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
