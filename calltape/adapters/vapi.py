@@ -1,0 +1,482 @@
+"""Vapi server-URL messages → calltape events, and the tool-call reply under guarded execution.
+
+Vapi POSTs ``{"message": {...}}`` to the server URL. The mapping keeps a little state per call (which
+reply is current, what of it the user heard), so one :class:`VapiIngest` should see a call's messages in
+order; after a restart it rebuilds that state from the log (:meth:`VapiIngest.restore`).
+
+* A reply is Vapi's ``turnId`` when the message carries one; otherwise the ingest numbers the assistant
+  turns itself (a new turn begins with assistant output after the user spoke or barged in).
+* Final ``transcript`` messages of role ``assistant`` are what the TTS actually spoke, so they are the
+  heard text (``agent.speech.progress``) — a barge-in keeps only what was said.
+* ``tool-calls`` arrive in several shapes: ``toolCallList`` items with a nested ``function``
+  (arguments as JSON text or object), the flat ``{id, name, arguments}`` form, the legacy ``toolCalls``
+  list, and ``toolWithToolCallList[].toolCall``. All are read.
+* Event ids are derived from the message content, so a redelivered message appends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from calltape.adapters.bland import Turn, reconstruct
+from calltape.errors import InvalidEvent
+from calltape.events import Event, make_event, now_ms
+
+__all__ = [
+    "VapiIngest",
+    "VapiToolCall",
+    "run_tool_calls",
+    "tool_calls_of",
+    "tool_results",
+    "verify_vapi_request",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class VapiToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidEvent("Vapi tool call: arguments are not valid JSON") from exc
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidEvent("Vapi tool call: arguments must be a JSON object")
+    return value
+
+
+def tool_calls_of(message: Mapping[str, Any]) -> list[VapiToolCall]:
+    """Every tool call in a ``tool-calls`` message, whatever shape Vapi used; first occurrence wins."""
+    raw: list[Any] = []
+    raw.extend(message.get("toolCallList") or [])
+    raw.extend(message.get("toolCalls") or [])  # legacy
+    for item in message.get("toolWithToolCallList") or []:
+        if isinstance(item, Mapping) and isinstance(item.get("toolCall"), Mapping):
+            raw.append(item["toolCall"])
+    calls: dict[str, VapiToolCall] = {}
+    for tc in raw:
+        if not isinstance(tc, Mapping) or not tc.get("id"):
+            raise InvalidEvent("Vapi tool call without an 'id'")
+        fn = tc.get("function")
+        if isinstance(fn, Mapping):  # OpenAI-style nested function
+            name, args = fn.get("name"), fn.get("arguments", fn.get("parameters"))
+        else:  # the flat form
+            name, args = tc.get("name"), tc.get("arguments", tc.get("parameters"))
+        if not isinstance(name, str) or not name:
+            raise InvalidEvent(f"Vapi tool call '{tc['id']}' has no function name")
+        calls.setdefault(str(tc["id"]), VapiToolCall(str(tc["id"]), name, _arguments(args)))
+    return list(calls.values())
+
+
+def tool_results(
+    calls: Sequence[VapiToolCall], outcomes: Sequence[Any], *, error_statuses: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The ``{"results": [...]}`` body Vapi expects (``ServerMessageResponseToolCalls``).
+
+    ``outcomes`` are ``ToolOutcome`` objects (or plain outputs), in the order of ``calls``. Vapi wants
+    strings: JSON outputs are serialized; a failed, timed-out, cancelled or unknown outcome is an
+    ``error`` so the model does not take it as done.
+    """
+    failed = {"error", "timeout", "cancelled", "unknown", *error_statuses}
+    results: list[dict[str, Any]] = []
+    for call, outcome in zip(calls, outcomes, strict=True):
+        output = getattr(outcome, "output", outcome)
+        status = getattr(outcome, "status", "completed")
+        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        entry: dict[str, Any] = {"toolCallId": call.id, "name": call.name}
+        if status in failed:
+            entry["error"] = text if output is not None else status
+        else:
+            entry["result"] = text
+        results.append(entry)
+    return {"results": results}
+
+
+async def run_tool_calls(
+    call: Any,
+    message: Mapping[str, Any],
+    tools: Mapping[str, Callable[..., Awaitable[Any]]],
+    *,
+    reply: str | None = None,
+    specs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Runs a ``tool-calls`` message's calls under ``CallSession.run_tool``; returns Vapi's reply body.
+
+    A call id already in the log returns its stored result (Vapi retries a slow webhook), so a retried
+    request never runs a tool twice.
+    """
+    body = message.get("message", message)
+    calls = tool_calls_of(body)
+
+    async def one(tc: VapiToolCall) -> Any:
+        fn = tools.get(tc.name)
+        if fn is None:
+            return _Missing(tc.name)
+        params = inspect.signature(fn).parameters
+        wants_progress = "progress" in params
+
+        async def run(progress: Any = None) -> Any:
+            kwargs = dict(tc.arguments)
+            if wants_progress:
+                kwargs["progress"] = progress
+            return await fn(**kwargs)
+
+        tool_body: Callable[..., Awaitable[Any]] = run if wants_progress else (lambda: run())
+        spec = (specs or {}).get(tc.name)
+        return await call.run_tool(tc.id, tc.name, tc.arguments, tool_body, reply=reply, spec=spec)
+
+    outcomes = await asyncio.gather(*(one(tc) for tc in calls))
+    return tool_results(calls, outcomes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Missing:
+    name: str
+
+    @property
+    def output(self) -> str:
+        return f"no tool named '{self.name}' is registered"
+
+    status = "error"
+
+
+# ---------------------------------------------------------------------------------------------
+# Message → events.
+
+
+@dataclass(slots=True)
+class _CallState:
+    started: bool = False
+    ended: bool = False
+    agent: str = "vapi"
+    turns: int = 0
+    reply: str | None = None
+    reply_done: bool = True
+    reply_interrupted: bool = False
+    reply_speaking: bool = False
+    reply_heard: list[str] = field(default_factory=list)
+    user_since_reply: bool = True
+    live_events: bool = False
+
+
+def _message(body: Mapping[str, Any]) -> dict[str, Any]:
+    msg = body.get("message", body)
+    if not isinstance(msg, Mapping) or not isinstance(msg.get("type"), str):
+        raise InvalidEvent("a Vapi server message needs 'message.type'")
+    return dict(msg)
+
+
+def call_id_of(body: Mapping[str, Any]) -> str:
+    msg = _message(body)
+    call = msg.get("call")
+    cid = call.get("id") if isinstance(call, Mapping) else None
+    if not isinstance(cid, str) or not cid:
+        raise InvalidEvent("a Vapi server message needs 'message.call.id'")
+    return cid
+
+
+class VapiIngest:
+    """Maps Vapi server messages to calltape events, one call's state at a time."""
+
+    def __init__(self, *, session_prefix: str = "", max_calls: int = 10_000) -> None:
+        self.session_prefix = session_prefix
+        self.max_calls = max_calls
+        self._calls: dict[str, _CallState] = {}
+
+    def session_of(self, body: Mapping[str, Any]) -> str:
+        return self.session_prefix + call_id_of(body)
+
+    def known(self, session: str) -> bool:
+        return session in self._calls
+
+    def restore(self, session: str, events: Sequence[Event]) -> None:
+        """Rebuilds a call's mapping state from its log (after a restart)."""
+        st = _CallState()
+        for e in events:
+            if e.type == "session.started":
+                st.started = True
+                st.agent = e.data.get("agent", st.agent)
+            elif e.type == "session.ended":
+                st.ended = True
+            elif e.type == "agent.reply.started":
+                st.turns += 1
+                st.reply, st.reply_done, st.reply_interrupted = e.data["reply"], False, False
+                st.reply_speaking, st.reply_heard, st.user_since_reply = False, [], False
+                st.live_events = True
+            elif e.type in ("user.transcript", "user.text", "user.speech.started"):
+                st.user_since_reply = True
+            elif e.type == "interruption":
+                st.reply_interrupted = True
+            elif e.type == "agent.speech.started":
+                st.reply_speaking = True
+            elif e.type == "agent.speech.ended":
+                st.reply_speaking = False
+            elif e.type == "agent.speech.progress" and e.data.get("reply") == st.reply:
+                st.reply_heard = [e.data["heard"]]
+        self._remember(session, st)
+
+    def _remember(self, session: str, st: _CallState) -> None:
+        self._calls[session] = st
+        while len(self._calls) > self.max_calls:
+            self._calls.pop(next(iter(self._calls)))
+
+    def events(self, body: Mapping[str, Any]) -> list[Event]:
+        """The events one server message adds (possibly none); ids are stable across redeliveries."""
+        msg = _message(body)
+        session = self.session_of(body)
+        st = self._calls.get(session)
+        if st is None:
+            st = _CallState()
+            self._remember(session, st)
+        at = int(msg["timestamp"]) if isinstance(msg.get("timestamp"), (int, float)) else now_ms()
+        digest = hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
+        emissions = self._map(msg, st)
+        if emissions and emissions[0][0] == "__reconstruct__":
+            return self.reconstruct(body)
+        return [
+            make_event(session, t, d, id=f"vapi:{digest}:{i}", at_ms=at) for i, (t, d) in enumerate(emissions, start=1)
+        ]
+
+    # -- the mapping ----------------------------------------------------------------------------
+
+    def _start(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+        if st.started:
+            return []
+        st.started = True
+        assistant = _obj(msg, "assistant")
+        call = _obj(msg, "call")
+        st.agent = str(assistant.get("name") or call.get("assistantId") or "vapi")
+        meta = {"vapi_call_id": call.get("id"), "type": call.get("type")}
+        data: dict[str, Any] = {"agent": st.agent, "framework": "vapi"}
+        data["metadata"] = {k: v for k, v in meta.items() if v is not None}
+        return [("session.started", data)]
+
+    def _new_reply(self, st: _CallState, turn_id: Any) -> list[tuple[str, dict[str, Any]]]:
+        out = self._close_reply(st)
+        st.turns += 1
+        st.reply = str(turn_id) if turn_id else f"turn-{st.turns}"
+        st.reply_done, st.reply_interrupted, st.reply_speaking = False, False, False
+        st.reply_heard, st.user_since_reply = [], False
+        st.live_events = True
+        out.append(("agent.reply.started", {"reply": st.reply}))
+        return out
+
+    def _current_reply(self, st: _CallState, turn_id: Any) -> list[tuple[str, dict[str, Any]]]:
+        if turn_id and str(turn_id) != st.reply:
+            return self._new_reply(st, turn_id)
+        if st.reply is None or st.user_since_reply or st.reply_interrupted:
+            return self._new_reply(st, turn_id)
+        return []
+
+    def _close_reply(self, st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        if st.reply is not None and not st.reply_done:
+            st.reply_done = True
+            out.append(("agent.reply.done", {"reply": st.reply}))
+        return out
+
+    def _map(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+        kind = msg["type"]
+        out: list[tuple[str, dict[str, Any]]] = []
+        if kind == "end-of-call-report":
+            return self._end_of_call(msg, st)
+        if st.ended:
+            return []
+        out += self._start(msg, st)
+        turn_id = msg.get("turnId")
+        if kind == "status-update":
+            if msg.get("status") == "ended":
+                out += self._close_reply(st)
+                st.ended = True
+                out.append(("session.ended", {"reason": str(msg.get("endedReason") or "ended")}))
+        elif kind == "speech-update":
+            role, status = msg.get("role"), msg.get("status")
+            if role == "user" and status == "started":
+                st.user_since_reply = True
+                out.append(("user.speech.started", {"source": "vad"}))
+            elif role == "user" and status == "stopped":
+                out.append(("user.speech.stopped", {}))
+            elif role == "assistant" and status == "started":
+                out += self._current_reply(st, turn_id)
+                if not st.reply_speaking:
+                    st.reply_speaking = True
+                    out.append(("agent.speech.started", {"reply": st.reply}))
+            elif role == "assistant" and status == "stopped" and st.reply and st.reply_speaking:
+                st.reply_speaking = False
+                out += self._close_reply(st)
+                heard = " ".join(st.reply_heard).strip()
+                ended: dict[str, Any] = {"reply": st.reply, "interrupted": st.reply_interrupted}
+                if heard:
+                    ended["heard"] = heard
+                out.append(("agent.speech.ended", ended))
+        elif kind == "transcript":
+            text = str(msg.get("transcript") or "").strip()
+            final = msg.get("transcriptType") == "final" or "final" in str(msg.get("type"))
+            if msg.get("role") == "user" and text:
+                st.user_since_reply = True
+                out.append(("user.transcript", {"text": text, "final": bool(final)}))
+            elif msg.get("role") == "assistant" and text and final and st.reply:
+                st.reply_heard.append(text)
+                out.append(("agent.speech.progress", {"reply": st.reply, "heard": " ".join(st.reply_heard)}))
+        elif kind == "model-output":
+            output = msg.get("output")
+            if isinstance(output, Mapping):  # the SDK types it as an object; live calls send token text
+                output = output.get("content") if isinstance(output.get("content"), str) else None
+            if isinstance(output, str) and output:
+                out += self._current_reply(st, turn_id)
+                out.append(("agent.text", {"reply": st.reply, "text": output}))
+        elif kind == "user-interrupted":
+            if st.reply is not None and not st.reply_interrupted:
+                st.reply_interrupted = True
+                interruption: dict[str, Any] = {"reply": st.reply, "cause": "user_speech"}
+                if st.reply_heard or st.reply_speaking:
+                    interruption["heard"] = " ".join(st.reply_heard).strip()
+                out.append(("interruption", interruption))
+                out += self._close_reply(st)
+        elif kind == "tool-calls":
+            calls = tool_calls_of(msg)
+            if st.reply is None or st.reply_done or st.user_since_reply or st.reply_interrupted:
+                out += self._new_reply(st, turn_id)
+            for tc in calls:
+                out.append(
+                    ("tool.call", {"call": tc.id, "name": tc.name, "arguments": tc.arguments, "reply": st.reply})
+                )
+        elif kind == "transfer-update":
+            to_assistant = _obj(msg, "toAssistant") or None
+            dest = _obj(msg, "destination")
+            to = (
+                (to_assistant or {}).get("name")
+                or dest.get("assistantName")
+                or dest.get("number")
+                or dest.get("sipUri")
+                or "transfer"
+            )
+            out += self._close_reply(st)
+            handoff: dict[str, Any] = {"from": st.agent, "to": str(to), "reason": "transfer"}
+            if to_assistant and isinstance(to_assistant.get("model"), Mapping):
+                system = [
+                    m.get("content")
+                    for m in to_assistant["model"].get("messages") or []
+                    if isinstance(m, Mapping) and m.get("role") == "system"
+                ]
+                if system and isinstance(system[0], str):
+                    handoff["instructions"] = system[0]
+            st.agent = str(to)
+            out.append(("agent.handoff", handoff))
+        return out
+
+    def _end_of_call(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+        reason = str(msg.get("endedReason") or "ended")
+        if st.live_events:  # the call was recorded live: the report only closes it
+            if st.ended:
+                return []
+            out = self._close_reply(st)
+            st.ended = True
+            return [*out, ("session.ended", {"reason": reason})]
+        return [("__reconstruct__", {"reason": reason})]
+
+    def reconstruct(self, body: Mapping[str, Any]) -> list[Event]:
+        """An ``end-of-call-report`` for a call never seen live, rebuilt from ``artifact.messages``."""
+        msg = _message(body)
+        session = self.session_of(body)
+        artifact = _obj(msg, "artifact")
+        turns: list[Turn] = []
+        started = _ms(msg.get("startedAt"))
+        for m in artifact.get("messages") or []:
+            if not isinstance(m, Mapping):
+                continue
+            role = m.get("role")
+            at = int(m["time"]) if isinstance(m.get("time"), (int, float)) else None
+            if role == "user":
+                turns.append(Turn("user", str(m.get("message") or ""), at))
+            elif role in ("bot", "assistant"):
+                turns.append(Turn("assistant", str(m.get("message") or ""), at))
+            elif role == "tool_calls":
+                for tc in tool_calls_of({"toolCalls": m.get("toolCalls") or []}):
+                    turns.append(Turn("tool_call", at_ms=at, call=tc.id, name=tc.name, arguments=tc.arguments))
+            elif role == "tool_call_result" and m.get("toolCallId"):
+                raw = m.get("result")
+                try:
+                    output = orjson.loads(raw) if isinstance(raw, str) else raw
+                except orjson.JSONDecodeError:
+                    output = raw
+                turns.append(Turn("tool_result", at_ms=at, call=str(m["toolCallId"]), output=output))
+        system = next(
+            (str(m.get("message")) for m in artifact.get("messages") or [] if m.get("role") == "system"), None
+        )
+        st = self._calls.get(session) or _CallState()
+        st.started = st.ended = True
+        self._remember(session, st)
+        call = _obj(msg, "call")
+        return reconstruct(
+            session,
+            turns,
+            source="vapi.end_of_call_report",
+            agent=str(_obj(msg, "assistant").get("name") or "vapi"),
+            instructions=system,
+            started_at_ms=started,
+            ended_at_ms=_ms(msg.get("endedAt")),
+            end_reason=str(msg.get("endedReason") or "ended"),
+            metadata={"vapi_call_id": call.get("id")},
+        )
+
+
+def _obj(msg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = msg.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _ms(value: Any) -> int | None:
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value:
+        from calltape.events import parse_time
+
+        try:
+            return parse_time(value)
+        except InvalidEvent:
+            return None
+    return None
+
+
+def verify_vapi_request(
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    secret: str | None = None,
+    bearer: str | None = None,
+    hmac_secret: str | None = None,
+) -> bool:
+    """Checks one of Vapi's server authentications (whichever are configured must all pass).
+
+    ``secret``: the legacy ``X-Vapi-Secret`` header; ``bearer``: a Bearer-token credential;
+    ``hmac_secret``: an HMAC credential (hex SHA-256 of the raw body in ``X-Vapi-Signature``).
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    checks: list[bool] = []
+    if secret is not None:
+        checks.append(hmac.compare_digest(lower.get("x-vapi-secret", ""), secret))
+    if bearer is not None:
+        checks.append(hmac.compare_digest(lower.get("authorization", ""), f"Bearer {bearer}"))
+    if hmac_secret is not None:
+        given = lower.get("x-vapi-signature", "").strip().lower().removeprefix("sha256=")
+        expected = hmac.new(hmac_secret.encode(), body, hashlib.sha256).hexdigest()
+        checks.append(hmac.compare_digest(given, expected))
+    return bool(checks) and all(checks)

@@ -1,0 +1,271 @@
+"""The webhook receiver: a small Starlette app that appends hosted platforms' webhooks to the store.
+
+Every request is authenticated before its body is parsed, bounded in size, and validated completely
+before anything is written: a bad request gets a one-sentence 4xx and leaves the log untouched. Event ids
+are derived from the payloads, so the platforms' retries are harmless (appending a known id is a no-op).
+
+Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``GET /healthz``, and, when the application
+brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
+``/retell/llm/{call_id}`` (see :mod:`calltape.server.retell_llm`). A platform without a secret configured is
+refused (403) unless ``allow_unsigned`` is set (local development only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from calltape.adapters.bland import bland_events, parse_bland, verify_bland_signature
+from calltape.adapters.retell import retell_session, retell_webhook_events, verify_retell_signature
+from calltape.adapters.vapi import VapiIngest, verify_vapi_request
+from calltape.errors import CalltapeError, FencedWrite, InvalidEvent, StoreUnavailable
+from calltape.events import Event
+from calltape.server.retell_llm import RetellLLMEndpoint, _Connections, retell_llm_route
+
+__all__ = ["ReceiverConfig", "create_app", "run_server"]
+
+log = logging.getLogger("calltape.server")
+
+DEFAULT_MAX_BODY = 2 * 1024 * 1024
+"""An end-of-call report with a long transcript stays well under 2 MiB."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverConfig:
+    vapi_secret: str | None = None
+    """Legacy ``X-Vapi-Secret`` value."""
+    vapi_bearer: str | None = None
+    """Bearer-token credential (``Authorization: Bearer …``)."""
+    vapi_hmac_secret: str | None = None
+    """HMAC credential (``X-Vapi-Signature``: hex SHA-256 of the body)."""
+    retell_api_key: str | None = None
+    """The Retell API key with the webhook badge (``X-Retell-Signature``)."""
+    bland_secret: str | None = None
+    """Bland's webhook signing secret (``X-Webhook-Signature``)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    """Largest webhook body, and largest Retell custom-LLM frame."""
+    allow_unsigned: bool = False
+    session_prefix: str = ""
+    retell_llm: RetellLLMEndpoint | None = None
+    """Mounts the Retell custom-LLM WebSocket (the application's LLM behind it)."""
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise _Reject(413, f"the request body is larger than {limit} bytes")
+        except ValueError:
+            raise _Reject(400, "Content-Length is not a number") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _Reject(413, f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _Reject(400, "the request body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _Reject(400, "the request body must be a JSON object")
+    return value
+
+
+def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any) -> Starlette:
+    """The receiver over an open :class:`~calltape.eventstore.EventStore`.
+
+    Options are :class:`ReceiverConfig` fields (``create_app(store, retell_api_key=…)``).
+    """
+    cfg = config or ReceiverConfig(**options)
+    vapi = VapiIngest(session_prefix=cfg.session_prefix)
+    locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+    connections = _Connections(store, locks)
+
+    def configured(platform: str, *secrets: str | None) -> None:
+        if not any(s is not None for s in secrets) and not cfg.allow_unsigned:
+            raise _Reject(403, f"no {platform} secret is configured; refusing unauthenticated webhooks")
+
+    async def append(events: list[Event]) -> int:
+        """Appends one session's events; returns how many were new (redeliveries add none)."""
+        if not events:
+            return 0
+        info = await store.session_info(events[0].session)
+        before = info.last_seq if info is not None else 0
+        stored = await store.append(events)
+        return sum(1 for e in stored if (e.seq or 0) > before)
+
+    async def vapi_route(body: bytes, request: Request) -> dict[str, Any]:
+        configured("Vapi", cfg.vapi_secret, cfg.vapi_bearer, cfg.vapi_hmac_secret)
+        if any(s is not None for s in (cfg.vapi_secret, cfg.vapi_bearer, cfg.vapi_hmac_secret)):
+            ok = verify_vapi_request(
+                request.headers,
+                body,
+                secret=cfg.vapi_secret,
+                bearer=cfg.vapi_bearer,
+                hmac_secret=cfg.vapi_hmac_secret,
+            )
+            if not ok:
+                raise _Reject(401, "the Vapi request is not authenticated")
+        payload = _json_object(body)
+        session = vapi.session_of(payload)
+        async with locks[session]:
+            if not vapi.known(session):
+                vapi.restore(session, await store.read(session))
+            events = vapi.events(payload)
+            written = await append(events)
+        response: dict[str, Any] = {"appended": written}
+        if payload.get("message", {}).get("type") == "tool-calls":
+            # calltape observes; it does not run the tools. Vapi gets no results from here.
+            response["results"] = []
+        return response
+
+    async def retell_route(body: bytes, request: Request) -> dict[str, Any]:
+        configured("Retell", cfg.retell_api_key)
+        if cfg.retell_api_key is not None and not verify_retell_signature(
+            body, cfg.retell_api_key, request.headers.get("x-retell-signature")
+        ):
+            raise _Reject(401, "the X-Retell-Signature header does not match the body")
+        payload = _json_object(body)
+        session = retell_session(payload, cfg.session_prefix)
+        async with locks[session]:
+            existing = await store.read(session)
+            started = any(e.type == "session.started" for e in existing)
+            live = any(e.type == "agent.reply.started" and not e.id.startswith("retell.") for e in existing)
+            events = retell_webhook_events(payload, session=session, started=started, live=live)
+            return {"appended": await append(events)}
+
+    async def bland_route(body: bytes, request: Request) -> dict[str, Any]:
+        configured("Bland", cfg.bland_secret)
+        if cfg.bland_secret is not None and not verify_bland_signature(
+            body, cfg.bland_secret, request.headers.get("x-webhook-signature")
+        ):
+            raise _Reject(401, "the X-Webhook-Signature header does not match the body")
+        call = parse_bland(_json_object(body))
+        session = cfg.session_prefix + call.call_id
+        async with locks[session]:
+            existing = await store.read(session, limit=1)
+            events = bland_events(call, session=session)
+            if existing and not existing[0].id.startswith("bland.post_call:"):
+                # recorded live already: the report only closes the session
+                info = await store.session_info(session)
+                ended = [e for e in events if e.type == "session.ended"]
+                events = ended if info is not None and info.status == "active" else []
+            return {"appended": await append(events)}
+
+    def endpoint(
+        handler: Callable[[bytes, Request], Awaitable[dict[str, Any]]],
+    ) -> Callable[[Request], Awaitable[JSONResponse]]:
+        async def route(request: Request) -> JSONResponse:
+            try:
+                body = await _read_body(request, cfg.max_body_bytes)
+                return JSONResponse(await handler(body, request))
+            except _Reject as exc:
+                return _error(exc.status, exc.message)
+            except FencedWrite as exc:
+                return _error(409, str(exc))
+            except InvalidEvent as exc:
+                return _error(422, str(exc))
+            except StoreUnavailable as exc:
+                return _error(503, str(exc))
+            except CalltapeError as exc:
+                return _error(409, str(exc))
+
+        return route
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    routes: list[BaseRoute] = [
+        Route("/vapi", endpoint(vapi_route), methods=["POST"]),
+        Route("/retell", endpoint(retell_route), methods=["POST"]),
+        Route("/bland", endpoint(bland_route), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    if cfg.retell_llm is not None:
+        routes.append(retell_llm_route(cfg.retell_llm, connections, session_prefix=cfg.session_prefix))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await connections.close()  # flushes what the custom-LLM sockets recorded
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig, log_level: str = "info") -> None:
+    import uvicorn
+
+    from calltape.eventstore import open_store
+
+    store = await open_store(url)
+    try:
+        app = create_app(store, config)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                timeout_keep_alive=5,
+                lifespan="on",
+                ws_max_size=config.max_body_bytes,
+            )
+        )
+        await server.serve()
+    finally:
+        await store.close()
+
+
+def run_server(
+    url: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8787,
+    *,
+    log_level: str = "info",
+    **options: Any,
+) -> None:
+    """Runs ``calltape serve`` until interrupted. ``options`` are :class:`ReceiverConfig` fields; a
+    secret left out is read from the environment (``CALLTAPE_VAPI_SECRET``, ``CALLTAPE_RETELL_API_KEY``…)."""
+    import os
+
+    env: Mapping[str, str] = os.environ
+    for field_name, var in (
+        ("vapi_secret", "CALLTAPE_VAPI_SECRET"),
+        ("vapi_bearer", "CALLTAPE_VAPI_BEARER"),
+        ("vapi_hmac_secret", "CALLTAPE_VAPI_HMAC_SECRET"),
+        ("retell_api_key", "CALLTAPE_RETELL_API_KEY"),
+        ("bland_secret", "CALLTAPE_BLAND_SECRET"),
+    ):
+        if options.get(field_name) is None and env.get(var):
+            options[field_name] = env[var]
+    asyncio.run(serve(url, host, port, config=ReceiverConfig(**options), log_level=log_level))
