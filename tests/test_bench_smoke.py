@@ -1,0 +1,55 @@
+"""The benchmark suite runs end to end (``python -m bench --quick``) and writes every headline key.
+
+A smoke test only: it asserts nothing about speed (CI machines are noisy; figures are compared
+within one run, in bench/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.postgres
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEADLINE_KEYS = {
+    "append_ratio_vs_raw_copy",
+    "append_ratio_vs_eventsourcing",
+    "emit_p99_us",
+    "durable_append_p99_ms",
+    "rebuild_ratio_vs_raw_read",
+    "rebuild_snapshot_ms",
+    "resume_p99_ms",
+    "interrupt_release_p99_ms",
+    "read_ratio_vs_eventsourcing",
+}
+
+
+def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("eventsourcing", reason="the bench extra is not installed (pip install -e '.[bench]')")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "COLUMNS": "150"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--db", pg_admin_url, "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    missing = HEADLINE_KEYS - figures.keys()
+    assert not missing, f"missing keys: {sorted(missing)}"
+    for key in HEADLINE_KEYS:
+        assert key in figures["goals"]
+    from bench.run import HEADLINE_KEYS as SUITE_KEYS
+
+    assert set(SUITE_KEYS) == HEADLINE_KEYS
