@@ -72,10 +72,13 @@ class ResumePlan:
 
 
 class _Settler:
-    """Builds the resume events on a copy of the fold, folding each one as it is decided."""
+    """Builds the resume events on the session's fold, folding each one as it is decided.
+
+    It takes the fold over: ``build_context`` made it for this resume alone, and copying a 50k-event
+    fold would cost more than the rest of the resume."""
 
     def __init__(self, fold: ContextFold, agent: str, epoch: int) -> None:
-        self.fold = ContextFold.from_snapshot(fold.to_snapshot())
+        self.fold = fold
         self.agent, self.epoch = agent, epoch
         self.events: list[Event] = []
 
@@ -129,7 +132,7 @@ async def resume(
     old_epoch = info.epoch if info is not None else max(fold.epoch, 1)
     settler = _Settler(fold, agent, old_epoch + 1)
 
-    for reply in fold.open_replies():
+    for reply in fold.open_replies():  # a list, taken before the first settling event
         if reply.speech_started:  # playout cut by the drop: keep what was heard so far
             settler.add("agent.speech.ended", {"reply": reply.reply, "interrupted": True, "heard": reply.heard})
         else:  # generation (or queued speech) cut: nothing of it was heard
