@@ -16,6 +16,7 @@ EXAMPLES = {
     "realtime_inworld.py": "'content': 'Hello!'",
     "vapi_tool_server.py": "bookings made: 1",
     "retell_custom_llm.py": "bookings made: 1",
+    "bland_post_call.py": "(reconstructed: True)",
 }
 TIMEOUT = 60
 
