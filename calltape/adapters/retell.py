@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from calltape.adapters.bland import Turn, reconstruct
+from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from calltape.adapters.bland import Turn, reconstruct
+from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event, now_ms
 
