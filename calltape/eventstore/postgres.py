@@ -22,6 +22,7 @@ from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition
+from calltape.gcpause import gc_paused
 
 CHANNEL = "calltape_events"
 
@@ -187,19 +188,9 @@ class PostgresEventStore(EventStore):
                 to_seq,
                 limit,
             )
-        return [
-            Event(
-                type=r[2],
-                data=orjson.loads(r[6]),
-                session=session,
-                id=r[1],
-                at_ms=r[3],
-                agent=r[4],
-                epoch=r[5],
-                seq=r[0],
-            )
-            for r in rows
-        ]
+        loads = orjson.loads
+        with gc_paused(len(rows)):
+            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0]) for r in rows]
 
     async def seq_at_time(self, session: str, at_ms: int) -> int:
         async with self._connection() as conn:

@@ -19,6 +19,7 @@ from calltape.events import Event, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter
+from calltape.gcpause import gc_paused
 
 _SESSION_FIELDS = (
     "session",
@@ -176,7 +177,8 @@ class SqliteEventStore(EventStore):
             to_seq,
             -1 if limit is None else limit,
         )
-        return [_event(r) for r in rows]
+        with gc_paused(len(rows)):
+            return [_event(r) for r in rows]
 
     async def seq_at_time(self, session: str, at_ms: int) -> int:
         rows = await self._fetch(

@@ -65,7 +65,7 @@ Rules where SPEC section 2 is silent (decided by the lead, implemented here):
 
 from __future__ import annotations
 
-import gc
+import contextlib
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from typing import Any, Final
@@ -74,12 +74,12 @@ import orjson
 
 from calltape.errors import CalltapeError
 from calltape.events import Event
+from calltape.gcpause import gc_paused
 
 FOLD_VERSION: Final = 1
 """Bump whenever a rule above changes: snapshots of another version are refused and rebuilt."""
 
 _INTERRUPTED: Final = "interrupted"
-_GC_PAUSE_BATCH: Final = 4096
 
 
 class SnapshotMismatch(CalltapeError):
@@ -330,6 +330,12 @@ class ContextFold:
         only acyclic records, and collections triggered by them would rescan every event in
         memory (about 15% of the replay time).
         """
+        with contextlib.ExitStack() as stack:
+            if isinstance(events, Sized):
+                stack.enter_context(gc_paused(len(events)))
+            self._apply_all(events)
+
+    def _apply_all(self, events: Iterable[Event]) -> None:
         seen = self._seen
         dispatch = _DISPATCH
         counters = self.counters
@@ -338,9 +344,6 @@ class ContextFold:
         last_clean = self.last_clean_seq
         seq = self.seq
         event: Event | None = None
-        pause = gc.isenabled() and isinstance(events, Sized) and len(events) >= _GC_PAUSE_BATCH
-        if pause:
-            gc.disable()
         try:
             for event in events:
                 eid = event.id
@@ -361,8 +364,6 @@ class ContextFold:
                 if not (generating or unheard or open_calls or flags):
                     last_clean = seq
         finally:
-            if pause:
-                gc.enable()
             self._count = count
             self.seq = seq
             self.last_clean_seq = last_clean
@@ -798,7 +799,8 @@ class ContextFold:
     def from_snapshot(cls, blob: bytes) -> ContextFold:
         """Restores :meth:`to_snapshot` output; refuses another :data:`FOLD_VERSION`."""
         try:
-            state = orjson.loads(blob)
+            with gc_paused(len(blob) // 64):  # tens of thousands of small acyclic objects
+                state = orjson.loads(blob)
             version = state.get("v") if isinstance(state, dict) else None
         except orjson.JSONDecodeError:
             version = None
@@ -807,7 +809,8 @@ class ContextFold:
                 f"the snapshot was written by fold version {version}, this calltape folds version {FOLD_VERSION}"
             )
         try:
-            return cls._restore(state)
+            with gc_paused(len(state.get("items", ()))):
+                return cls._restore(state)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise SnapshotMismatch(f"the snapshot is damaged ({type(exc).__name__})") from None
 
