@@ -20,15 +20,6 @@ from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 
 
-def runtime_available() -> str | None:
-    """None when the runtime can be benchmarked, else why not."""
-    try:
-        from calltape.runtime import CallSession, Interrupted, resume  # noqa: F401
-    except ImportError as exc:
-        return f"calltape.runtime is not available yet ({exc})"
-    return None
-
-
 @contextlib.asynccontextmanager
 async def background_load(recorder: Recorder, *, sessions: int, rate: float, seed: int) -> AsyncIterator[None]:
     """``sessions`` calls emitting ~``rate`` events/s each until the block exits."""

@@ -341,11 +341,6 @@ class Suite:
     async def resume(self, store: Any, scratch: Any, app: Any) -> None:
         from bench import live
 
-        why = live.runtime_available()
-        if why:
-            self.notes.append(f"resume_p99_ms: not measured: {why}")
-            self.log(f"  skipped: {why}")
-            return
         s = self.sizes
         r = await live.resume_benchmark(store, events=s.resume_events, repeats=s.resume_repeats, log=self.log)
         self.result["resume_p99_ms"] = _r(percentile(r.real_ms, 99), 2)
@@ -366,11 +361,6 @@ class Suite:
     async def interrupt(self, store: Any, scratch: Any, app: Any) -> None:
         from bench import live
 
-        why = live.runtime_available()
-        if why:
-            self.notes.append(f"interrupt_release_p99_ms: not measured: {why}")
-            self.log(f"  skipped: {why}")
-            return
         s = self.sizes
         samples = await live.interrupt_release(
             store, samples=s.interrupt_samples, load_sessions=s.interrupt_load_sessions, rate=20, seed=1

@@ -128,9 +128,9 @@ async def resume(
     fold = await build_context(store, session)
     checkpoint = fold.last_clean_seq
     base_seq = fold.seq
-    info = await store.session_info(session)
-    old_epoch = info.epoch if info is not None else max(fold.epoch, 1)
-    settler = _Settler(fold, agent, old_epoch + 1)
+    # The fold tracks the epoch exactly as the store does (session.started opens 1, each
+    # session.resumed raises it); a stale read loses to expected_seq below anyway.
+    settler = _Settler(fold, agent, max(fold.epoch, 1) + 1)
 
     for reply in fold.open_replies():  # a list, taken before the first settling event
         if reply.speech_started:  # playout cut by the drop: keep what was heard so far
