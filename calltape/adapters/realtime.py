@@ -30,12 +30,13 @@ import base64
 import binascii
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from calltape.adapters.replies import EventSink, ReplyTracker
 from calltape.errors import InvalidEvent
-from calltape.events import Event, now_ms
+from calltape.events import now_ms
 from calltape.projections import to_realtime
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ __all__ = [
     "seed_events",
 ]
 
-Emission = tuple[str, dict[str, Any]]
 Playout = Literal["response", "client", "output_audio_buffer"]
 
 CHARS_PER_SECOND = 15.0
@@ -76,12 +76,6 @@ _BYTES_PER_MS = {
 }
 
 
-class EventSink(Protocol):
-    """Where the tap writes: ``CallSession`` satisfies it."""
-
-    def emit(self, type: str, data: Mapping[str, Any]) -> Event: ...
-
-
 @dataclass(frozen=True, slots=True)
 class FunctionCall:
     """A function call whose response completed: safe to run."""
@@ -98,15 +92,13 @@ class FunctionCall:
 
 @dataclass(slots=True)
 class _Response:
+    """What only the Realtime protocol knows about a response; its reply lifecycle is in the fold."""
+
     id: str
     audio_bytes: dict[str, int] = field(default_factory=dict)
     text: dict[str, str] = field(default_factory=dict)
     item_order: list[str] = field(default_factory=list)
     pending_calls: dict[str, FunctionCall] = field(default_factory=dict)
-    speech_started: bool = False
-    speech_ended: bool = False
-    interrupted: bool = False
-    done: bool = False
     cancel_requested: bool = False
 
 
@@ -176,6 +168,7 @@ class RealtimeTap:
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.call = call
+        self.replies = ReplyTracker(call)
         self.playout: Playout = playout
         self.input_transcription = input_transcription
         self.transcript_hold_ms = transcript_hold_ms
@@ -185,7 +178,6 @@ class RealtimeTap:
         self._item_response: dict[str, str] = {}
         self._interim: dict[str, str] = {}
         self._awaiting: dict[str, int] = {}  # user item -> commit time, transcription not finished
-        self._held: list[Emission] = []
         self._held_since: int | None = None
         self._truncations: set[tuple[str, int]] = set()
         self._results: set[str] = set()
@@ -214,16 +206,15 @@ class RealtimeTap:
         elif kind == "response.cancel":
             rid = ev.get("response_id")
             for resp in self._responses.values():
-                if (rid is None and not resp.done) or resp.id == rid:
+                if (rid is None and not self._done(resp)) or resp.id == rid:
                     resp.cancel_requested = True
 
     def playout_finished(self, response_id: str, *, interrupted: bool = False) -> None:
         """The app's player finished (or stopped) playing this response's audio."""
         resp = self._responses.get(response_id)
-        if resp is not None and not resp.speech_ended:
+        if resp is not None:
             self._start_speech(resp)
-            resp.speech_ended = True
-            self._out(("agent.speech.ended", {"reply": resp.id, "interrupted": interrupted}))
+            self.replies.speech_ended(resp.id, interrupted=interrupted)
 
     def flush(self) -> None:
         """Releases reply events still held back for a transcription (e.g. when the session ends)."""
@@ -265,22 +256,27 @@ class RealtimeTap:
             }
         )
 
-    # -- emission with hold-back ------------------------------------------------------------------
+    # -- emission with hold-back (the buffer is the reply tracker's) ---------------------------------
 
-    def _out(self, emission: Emission, *, jump: bool = False) -> None:
-        if self._held_since is not None and not jump:
-            self._held.append(emission)
-            return
-        self.call.emit(*emission)
+    def _out(self, type: str, data: dict[str, Any], *, jump: bool = False) -> None:
+        self.replies.emit(type, data, jump=jump)
 
     def _hold(self) -> None:
         if self._awaiting and self._held_since is None:
             self._held_since = self._clock()
+            self.replies.hold()
 
     def _release(self) -> None:
-        held, self._held, self._held_since = self._held, [], None
-        for emission in held:
-            self.call.emit(*emission)
+        self._held_since = None
+        self.replies.release()
+
+    def _done(self, resp: _Response) -> bool:
+        st = self.replies.state(resp.id)
+        return st is not None and st.done
+
+    def _interrupted(self, resp: _Response) -> bool:
+        st = self.replies.state(resp.id)
+        return st is not None and st.interrupted
 
     def _release_if_stale(self) -> None:
         if self._held_since is not None and self._clock() - self._held_since >= self.transcript_hold_ms:
@@ -300,7 +296,7 @@ class RealtimeTap:
         if resp is None:
             resp = self._responses[rid] = _Response(rid)
             self._hold()
-            self._out(("agent.reply.started", {"reply": rid}))
+            self.replies.begin(rid)
         return resp
 
     def _on_server(self, ev: dict[str, Any]) -> list[FunctionCall]:
@@ -308,9 +304,9 @@ class RealtimeTap:
         if kind in ("session.created", "session.updated"):
             self._on_session(ev.get("session") or {})
         elif kind == "input_audio_buffer.speech_started":
-            self._out(("user.speech.started", {"source": "vad"}), jump=True)
+            self._out("user.speech.started", {"source": "vad"}, jump=True)
         elif kind == "input_audio_buffer.speech_stopped":
-            self._out(("user.speech.stopped", {}), jump=True)
+            self._out("user.speech.stopped", {}, jump=True)
         elif kind == "input_audio_buffer.committed":
             if self.input_transcription and ev.get("item_id"):
                 self._awaiting[str(ev["item_id"])] = self._clock()
@@ -319,13 +315,13 @@ class RealtimeTap:
             text = self._interim.get(item, "") + str(ev.get("delta") or "")
             self._interim[item] = text
             if text.strip():
-                self._out(("user.transcript", {"text": text, "final": False}), jump=True)
+                self._out("user.transcript", {"text": text, "final": False}, jump=True)
         elif kind == "conversation.item.input_audio_transcription.completed":
             item = str(ev.get("item_id", ""))
             self._interim.pop(item, None)
             text = str(ev.get("transcript") or "").strip()
             if text:
-                self._out(("user.transcript", {"text": text, "final": True}), jump=True)
+                self._out("user.transcript", {"text": text, "final": True}, jump=True)
             self._transcription_finished(item)
         elif kind == "conversation.item.input_audio_transcription.failed":
             self._interim.pop(str(ev.get("item_id", "")), None)
@@ -361,18 +357,14 @@ class RealtimeTap:
             self._start_speech(self._resp(ev.get("response_id")))
         elif kind == "output_audio_buffer.stopped":
             resp = self._resp(ev.get("response_id"))
-            if not resp.speech_ended:
-                self._start_speech(resp)
-                resp.speech_ended = True
-                self._out(("agent.speech.ended", {"reply": resp.id, "interrupted": resp.interrupted}))
+            self._start_speech(resp)
+            self.replies.speech_ended(resp.id, interrupted=self._interrupted(resp))
         elif kind == "output_audio_buffer.cleared":
             resp = self._resp(ev.get("response_id"))
-            if not resp.interrupted:
-                resp.interrupted = True
-                self._out(("interruption", {"reply": resp.id, "cause": "user_speech"}))
-            if resp.speech_started and not resp.speech_ended:
-                resp.speech_ended = True
-                self._out(("agent.speech.ended", {"reply": resp.id, "interrupted": True}))
+            self.replies.interrupt(resp.id, cause="user_speech")
+            st = self.replies.state(resp.id)
+            if st is not None and st.speech_started:
+                self.replies.speech_ended(resp.id, interrupted=True)
         elif kind == "conversation.item.truncated":
             self._on_truncate(str(ev.get("item_id", "")), int(ev.get("audio_end_ms", 0)))
         return []
@@ -402,19 +394,15 @@ class RealtimeTap:
             resp.item_order.append(item)
         delta = str(ev.get("delta") or "")
         resp.text[item] += delta
-        if delta and not resp.interrupted:
-            self._out(("agent.text", {"reply": resp.id, "text": delta}))
+        self.replies.text(resp.id, delta)
 
     def _start_speech(self, resp: _Response) -> None:
-        if not resp.speech_started and not resp.interrupted:
-            resp.speech_started = True
-            self._out(("agent.speech.started", {"reply": resp.id}))
+        self.replies.speech_started(resp.id)
 
     def _on_response_done(self, response: Mapping[str, Any]) -> list[FunctionCall]:
         resp = self._resp(response.get("id"))
-        if resp.done:
+        if self._done(resp):
             return []
-        resp.done = True
         status = response.get("status")
         calls = dict(resp.pending_calls)
         for item in response.get("output") or []:  # response.done lists the authoritative items
@@ -430,11 +418,10 @@ class RealtimeTap:
                     continue
                 self._calls[fc.call_id] = fc
                 data = {"call": fc.call_id, "name": fc.name, "arguments": fc.arguments or "{}", "reply": resp.id}
-                self._out(("tool.call", data))
+                self._out("tool.call", data)
                 runnable.append(fc)
         else:
-            if status in ("cancelled", "failed") and not resp.interrupted:
-                resp.interrupted = True
+            if status in ("cancelled", "failed") and not self._interrupted(resp):
                 reason = (response.get("status_details") or {}).get("reason")
                 cause = (
                     "system"
@@ -445,23 +432,21 @@ class RealtimeTap:
                     if resp.cancel_requested or reason == "client_cancelled"
                     else "user_speech"
                 )
-                self._out(("interruption", {"reply": resp.id, "cause": cause}))
+                self.replies.interrupt(resp.id, cause=cause)
             if calls:
                 self._out(
-                    (
-                        "x.realtime.discarded_calls",
-                        {
-                            "reply": resp.id,
-                            "status": status,
-                            "calls": [{"call": c.call_id, "name": c.name} for c in calls.values()],
-                        },
-                    )
+                    "x.realtime.discarded_calls",
+                    {
+                        "reply": resp.id,
+                        "status": status,
+                        "calls": [{"call": c.call_id, "name": c.name} for c in calls.values()],
+                    },
                 )
-        self._out(("agent.reply.done", {"reply": resp.id}))
-        if self.playout == "response" and not resp.interrupted and not resp.speech_ended and resp.text:
-            if resp.speech_started or resp.audio_bytes:
-                resp.speech_ended = True
-                self._out(("agent.speech.ended", {"reply": resp.id, "interrupted": False}))
+        self.replies.done(resp.id)
+        st = self.replies.state(resp.id)
+        if self.playout == "response" and st is not None and not st.interrupted and resp.text:
+            if st.speech_started or resp.audio_bytes:
+                self.replies.speech_ended(resp.id)
         return runnable
 
     # -- truncation: the authority on what was heard ---------------------------------------------
@@ -483,13 +468,10 @@ class RealtimeTap:
                 break
             heard_parts.append(text)
         heard = " ".join(p.strip() for p in heard_parts if p.strip())
-        if not resp.interrupted:
-            resp.interrupted = True
-            self._out(("interruption", {"reply": resp.id, "cause": "user_speech", "heard": heard}))
+        self.replies.interrupt(resp.id, cause="user_speech", heard=heard)
         # always also close playout with the heard text: it applies even when the reply had already
         # finished (playout "response" assumed it heard in full at response.done)
-        resp.speech_ended = True
-        self._out(("agent.speech.ended", {"reply": resp.id, "interrupted": True, "heard": heard}))
+        self._out("agent.speech.ended", {"reply": resp.id, "interrupted": True, "heard": heard})
 
     def _on_item_create(self, item: Mapping[str, Any]) -> None:
         kind = item.get("type")
@@ -500,7 +482,7 @@ class RealtimeTap:
                 if isinstance(c, Mapping) and c.get("type") == "input_text"
             ).strip()
             if text:
-                self._out(("user.text", {"text": text}), jump=True)
+                self._out("user.text", {"text": text}, jump=True)
         elif kind == "function_call_output":
             cid = str(item.get("call_id", ""))
             if cid and cid not in self._results:
@@ -511,7 +493,7 @@ class RealtimeTap:
                     output = orjson.loads(raw) if isinstance(raw, str) else raw
                 except orjson.JSONDecodeError:
                     output = raw
-                self._out(("tool.result", {"call": cid, "output": output}))
+                self._out("tool.result", {"call": cid, "output": output})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,9 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calltape.events import Event, make_event
+from calltape.adapters.replies import EventCollector, ReplyTracker
+from calltape.events import Event
 
-__all__ = ["Turn", "reconstruct"]
+__all__ = ["RECONSTRUCTED", "Turn", "is_reconstructed", "reconstruct"]
+
+RECONSTRUCTED = "reconstructed"
+"""The ``session.started.metadata`` key (value ``true``) of a session rebuilt from a report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,45 +54,51 @@ def reconstruct(
     Replies are split where the platform split them: an assistant line after a tool result, or after the
     user spoke, begins a new reply; tool calls join the reply they followed.
     """
-    events: list[Event] = []
+    out = EventCollector(session, prefix=f"{source}:{session}:", agent=agent)
+    replies = ReplyTracker(out)
     turns = list(turns)
     times = [t.at_ms for t in turns if t.at_ms is not None]
-    clock = [started_at_ms if started_at_ms is not None else (min(times) if times else None)]
+    out.at_ms = started_at_ms if started_at_ms is not None else (min(times) if times else None)
 
     def add(kind: str, data: Mapping[str, Any], at: int | None = None) -> None:
-        if at is not None and (clock[0] is None or at > clock[0]):
-            clock[0] = at
-        events.append(
-            make_event(session, kind, data, id=f"{source}:{session}:{len(events) + 1}", at_ms=clock[0], agent=agent)
-        )
+        tick(at)
+        replies.emit(kind, data)
+
+    def tick(at: int | None) -> None:
+        if at is not None and (out.at_ms is None or at > out.at_ms):
+            out.at_ms = at
 
     if with_start:
-        meta = {**(metadata or {}), "reconstructed": True, "source": source}
+        meta = {**(metadata or {}), RECONSTRUCTED: True, "source": source}
         start: dict[str, Any] = {"agent": agent, "framework": source.split(".")[0], "metadata": meta}
         if instructions:
             start["instructions"] = instructions
         add("session.started", start, started_at_ms)
 
-    reply: dict[str, Any] | None = None  # {"id", "text", "calls", "closed_by_result"}
-    replies = 0
+    # The open reply, and the transcript grammar around it: tool calls join the reply they followed;
+    # an assistant line after a call, or after a tool result, begins a new reply.
+    reply: str | None = None
+    calls = 0
+    after_result = False
 
     def close(at: int | None) -> None:
         nonlocal reply
         if reply is None:
             return
-        rid = reply["id"]
-        add("agent.reply.done", {"reply": rid}, at)
-        if reply["text"]:
-            add("agent.speech.started", {"reply": rid}, at)
-            add("agent.speech.ended", {"reply": rid, "interrupted": False}, at)
+        tick(at)
+        replies.done(reply)
+        st = replies.state(reply)
+        if st is not None and st.generated:  # every line of such a transcript was heard in full
+            replies.speech_started(reply)
+            replies.speech_ended(reply)
         reply = None
 
-    def open_reply(at: int | None) -> dict[str, Any]:
-        nonlocal reply, replies
+    def open_reply(at: int | None) -> str:
+        nonlocal reply, calls, after_result
         close(at)
-        replies += 1
-        reply = {"id": f"{source}:{session}:r{replies}", "text": False, "calls": 0, "after_result": False}
-        add("agent.reply.started", {"reply": reply["id"]}, at)
+        tick(at)
+        reply = replies.begin(f"{source}:{session}:r{replies.count() + 1}")
+        calls, after_result = 0, False
         return reply
 
     for t in turns:
@@ -99,26 +109,36 @@ def reconstruct(
         elif t.role == "assistant":
             if not t.text.strip():
                 continue
-            r = reply if reply is not None and not reply["calls"] and not reply["after_result"] else None
+            r = reply if reply is not None and not calls and not after_result else None
             r = r or open_reply(t.at_ms)
-            add("agent.text", {"reply": r["id"], "text": (" " if r["text"] else "") + t.text.strip()}, t.at_ms)
-            r["text"] = True
+            st = replies.state(r)
+            tick(t.at_ms)
+            replies.text(r, (" " if st is not None and st.generated else "") + t.text.strip())
         elif t.role == "tool_call" and t.call:
-            r = reply if reply is not None and not reply["after_result"] else None
+            r = reply if reply is not None and not after_result else None
             r = r or open_reply(t.at_ms)
             args = t.arguments if t.arguments is not None else {}
-            add("tool.call", {"call": t.call, "name": t.name or "tool", "arguments": args, "reply": r["id"]}, t.at_ms)
-            r["calls"] += 1
+            add("tool.call", {"call": t.call, "name": t.name or "tool", "arguments": args, "reply": r}, t.at_ms)
+            calls += 1
         elif t.role == "tool_result" and t.call:
             data: dict[str, Any] = {"call": t.call, "output": t.output}
             if t.error:
                 data["error"] = True
             add("tool.result", data, t.at_ms)
             if reply is not None:
-                reply["after_result"] = True
+                after_result = True
         elif t.role == "note" and t.note:
             add(f"x.{source.split('.')[0]}.{t.note}", {"text": t.text}, t.at_ms)
     close(ended_at_ms)
     if ended_at_ms is not None or end_reason is not None:
         add("session.ended", {"reason": end_reason} if end_reason else {}, ended_at_ms)
-    return events
+    return out.events
+
+
+def is_reconstructed(started: Event | None) -> bool:
+    """Whether a session's ``session.started`` marks it as rebuilt after the fact (the explicit record
+    the receiver reads; never a guess from event ids)."""
+    if started is None or started.type != "session.started":
+        return False
+    meta = started.data.get("metadata")
+    return isinstance(meta, Mapping) and meta.get(RECONSTRUCTED) is True

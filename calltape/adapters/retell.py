@@ -26,12 +26,13 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from calltape.adapters.reconstruct import Turn, reconstruct
+from calltape.adapters.replies import ReplyTracker
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event
 
@@ -64,15 +65,13 @@ def _canonical(arguments: Any) -> str:
 
 @dataclass(slots=True)
 class _Reply:
+    """What only Retell knows about a reply (its ``response_id``, where its words start in Retell's
+    transcript, its generation task); the reply's lifecycle is read from the fold (the reply tracker)."""
+
     id: str
     response_id: int
     start_index: int
     user_turn: int
-    text: list[str] = field(default_factory=list)
-    heard: str = ""
-    speaking: bool = False
-    complete: bool = False
-    settled: bool = False
     task: asyncio.Task[None] | None = None
 
 
@@ -91,7 +90,7 @@ class RetellTurn:
 
     @property
     def current(self) -> bool:
-        return self._session._current is self._reply
+        return self._session.replies.current == self._reply.id
 
     def context(self, format: str = "openai") -> Any:
         """The calltape context (what was heard, every tool result), not Retell's raw transcript."""
@@ -128,13 +127,13 @@ class RetellLLMSession:
         reply_prefix: str = "retell-",
     ) -> None:
         self.call = call
+        self.replies = ReplyTracker(call)
         self.reply_prefix = reply_prefix
         self.respond = respond
         self.send = send
         self.begin_message = begin_message
         self.config = {"auto_reconnect": True, "call_details": True, **(config or {})}
         self._replies: dict[int, _Reply] = {}
-        self._current: _Reply | None = None
         self._user_finals: dict[int, str] = {}
         self._interim: tuple[int, str] | None = None
         self._user_turn = 0
@@ -147,11 +146,8 @@ class RetellLLMSession:
         """The frames Retell expects first: config, then the begin message (empty: wait for the user)."""
         await self.send({"response_type": "config", "config": self.config})
         reply = self._new_reply(0, {"interaction_type": "begin"})
-        if self.begin_message:
-            self.call.emit("agent.text", {"reply": reply.id, "text": self.begin_message})
-            reply.text.append(self.begin_message)
-        reply.complete = True
-        self.call.emit("agent.reply.done", {"reply": reply.id})
+        self.replies.text(reply.id, self.begin_message)
+        self.replies.done(reply.id)
         await self.send(
             {"response_type": "response", "response_id": 0, "content": self.begin_message, "content_complete": True}
         )
@@ -206,8 +202,8 @@ class RetellLLMSession:
             self.call.emit("x.retell.call_details", {k: call[k] for k in keep if k in call})
         elif kind == "update_only":
             self._on_transcript(message.get("transcript") or [], final=False)
-            if message.get("turntaking") == "user_turn":
-                self._settle_if_heard(self._current)
+            if message.get("turntaking") == "user_turn" and self.replies.current is not None:
+                self._settle_if_heard(self.replies.current)
         elif kind in ("response_required", "reminder_required"):
             rid = message.get("response_id")
             if not isinstance(rid, int):
@@ -222,13 +218,12 @@ class RetellLLMSession:
     def _new_reply(self, response_id: int, request: Mapping[str, Any]) -> _Reply:
         rid = f"{self.reply_prefix}{response_id}"
         n = 1
-        while any(r.id == rid for r in self._replies.values()):
+        while self.replies.state(rid) is not None:
             n += 1
             rid = f"{self.reply_prefix}{response_id}.{n}"
         reply = _Reply(rid, response_id, len(self._transcript), self._user_turn)
         self._replies[response_id] = reply
-        self._current = reply
-        self.call.emit("agent.reply.started", {"reply": rid})
+        self.replies.begin(rid)
         return reply
 
     def _on_transcript(self, transcript: Sequence[Any], *, final: bool) -> None:
@@ -247,7 +242,7 @@ class RetellLLMSession:
                 self._interim = (i, text)
                 self.call.emit("user.transcript", {"text": text, "final": False})
         for reply in self._replies.values():
-            if reply.settled:
+            if self.replies.finished(reply.id):
                 continue
             spoken = [
                 str(u.get("content") or "").strip()
@@ -255,34 +250,33 @@ class RetellLLMSession:
                 if u.get("role") == "agent"
             ]
             heard = " ".join(s for s in spoken if s)
-            if heard and heard != reply.heard:
-                if not reply.speaking:
-                    reply.speaking = True
-                    self.call.emit("agent.speech.started", {"reply": reply.id})
-                reply.heard = heard
-                self.call.emit("agent.speech.progress", {"reply": reply.id, "heard": heard})
+            if heard:
+                self.replies.speech_started(reply.id)
+                self.replies.heard(reply.id, heard)
 
-    def _settle_if_heard(self, reply: _Reply | None) -> None:
-        if reply is None or reply.settled or not reply.complete:
+    def _settle_if_heard(self, rid: str) -> None:
+        """Ends the playout of a complete reply whose every word Retell's transcript shows as spoken."""
+        st = self.replies.state(rid)
+        if st is None or not st.done or self.replies.finished(rid):
             return
-        said = _norm("".join(reply.text))
-        if not said or _norm(reply.heard) == said:
-            reply.settled = True
-            if reply.speaking:
-                self.call.emit("agent.speech.ended", {"reply": reply.id, "interrupted": False, "heard": reply.heard})
+        said = _norm(st.generated)
+        if said and _norm(st.reported_heard or "") == said:
+            self.replies.speech_ended(rid, heard=st.reported_heard)
 
     def _supersede(self, response_id: int) -> None:
         for reply in list(self._replies.values()):
-            if reply.response_id >= response_id or reply.settled:
+            if reply.response_id >= response_id or self.replies.finished(reply.id):
                 continue
             if reply.task is not None and not reply.task.done():
                 reply.task.cancel()
-            self._settle_if_heard(reply)
-            if not reply.settled:
-                reply.settled = True
-                self.call.emit("interruption", {"reply": reply.id, "cause": "user_speech", "heard": reply.heard})
-                if reply.speaking:
-                    self.call.emit("agent.speech.ended", {"reply": reply.id, "interrupted": True, "heard": reply.heard})
+            self._settle_if_heard(reply.id)
+            if self.replies.finished(reply.id):
+                continue
+            st = self.replies.state(reply.id)
+            heard = (st.reported_heard if st is not None else None) or ""
+            self.replies.interrupt(reply.id, cause="user_speech", heard=heard)
+            if st is not None and st.speech_started:
+                self.replies.speech_ended(reply.id, interrupted=True, heard=heard)
 
     # -- us → Retell ------------------------------------------------------------------------------
 
@@ -290,11 +284,10 @@ class RetellLLMSession:
         turn = RetellTurn(self, reply, request)
         try:
             async for chunk in self.respond(turn):
-                if reply.settled:
+                if self._cut(reply):
                     return
                 if chunk:
-                    reply.text.append(chunk)
-                    self.call.emit("agent.text", {"reply": reply.id, "text": chunk})
+                    self.replies.text(reply.id, chunk)
                     await self.send(
                         {
                             "response_type": "response",
@@ -303,10 +296,9 @@ class RetellLLMSession:
                             "content_complete": False,
                         }
                     )
-            if reply.settled:
+            if self._cut(reply):
                 return
-            reply.complete = True
-            self.call.emit("agent.reply.done", {"reply": reply.id})
+            self.replies.done(reply.id)
             final: dict[str, Any] = {
                 "response_type": "response",
                 "response_id": reply.response_id,
@@ -321,9 +313,12 @@ class RetellLLMSession:
         except asyncio.CancelledError:
             return
         finally:
-            if not reply.complete:
-                reply.complete = True
-                self.call.emit("agent.reply.done", {"reply": reply.id})
+            self.replies.done(reply.id)
+
+    def _cut(self, reply: _Reply) -> bool:
+        """The reply was superseded (or otherwise ended): stop generating it."""
+        st = self.replies.state(reply.id)
+        return st is None or st.interrupted or st.speech_ended
 
     async def _run_tool(
         self,

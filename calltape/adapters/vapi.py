@@ -1,8 +1,9 @@
 """Vapi server-URL messages → calltape events, and the tool-call reply under guarded execution.
 
-Vapi POSTs ``{"message": {...}}`` to the server URL. The mapping keeps a little state per call (which
-reply is current, what of it the user heard), so one :class:`VapiIngest` should see a call's messages in
-order; after a restart it rebuilds that state from the log (:meth:`VapiIngest.restore`).
+Vapi POSTs ``{"message": {...}}`` to the server URL. The mapping reads each call's state (which
+reply is current, what of it the user heard) from the fold of what it mapped so far, through the shared
+reply tracker (:mod:`calltape.adapters.replies`), so one :class:`VapiIngest` should see a call's messages
+in order; after a restart it continues from the fold of the stored log (:meth:`VapiIngest.restore`).
 
 * A reply is Vapi's ``turnId`` when the message carries one; otherwise the ingest numbers the assistant
   turns itself (a new turn begins with assistant output after the user spoke or barged in).
@@ -21,14 +22,16 @@ import hashlib
 import hmac
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from calltape.adapters.reconstruct import Turn, reconstruct
+from calltape.adapters.replies import EventCollector, ReplyTracker
 from calltape.errors import InvalidEvent
-from calltape.events import Event, make_event, now_ms
+from calltape.events import Event, now_ms
+from calltape.projections import ContextFold, fold_events
 
 __all__ = [
     "VapiIngest",
@@ -163,17 +166,24 @@ class _Missing:
 
 @dataclass(slots=True)
 class _CallState:
-    started: bool = False
+    """One call: its fold (every reply fact), the tracker over it, and whether the call ended."""
+
+    writer: EventCollector
+    replies: ReplyTracker
     ended: bool = False
-    agent: str = "vapi"
-    turns: int = 0
-    reply: str | None = None
-    reply_done: bool = True
-    reply_interrupted: bool = False
-    reply_speaking: bool = False
-    reply_heard: list[str] = field(default_factory=list)
-    user_since_reply: bool = True
-    live_events: bool = False
+
+    @classmethod
+    def over(cls, session: str, fold: ContextFold, *, ended: bool = False) -> _CallState:
+        writer = EventCollector(session, fold)
+        return cls(writer, ReplyTracker(writer, fold=fold), ended)
+
+    @property
+    def started(self) -> bool:
+        return self.writer.fold.agent is not None
+
+    @property
+    def agent(self) -> str:
+        return self.writer.fold.agent or "vapi"
 
 
 def _message(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,7 +203,10 @@ def call_id_of(body: Mapping[str, Any]) -> str:
 
 
 class VapiIngest:
-    """Maps Vapi server messages to calltape events, one call's state at a time."""
+    """Maps Vapi server messages to calltape events, one call's state at a time.
+
+    A call's state is the fold of what was mapped so far (the reply tracker reads it); after a restart
+    hand the ingest the fold of the stored log with :meth:`restore`."""
 
     def __init__(self, *, session_prefix: str = "", max_calls: int = 10_000) -> None:
         self.session_prefix = session_prefix
@@ -206,31 +219,10 @@ class VapiIngest:
     def known(self, session: str) -> bool:
         return session in self._calls
 
-    def restore(self, session: str, events: Sequence[Event]) -> None:
-        """Rebuilds a call's mapping state from its log (after a restart)."""
-        st = _CallState()
-        for e in events:
-            if e.type == "session.started":
-                st.started = True
-                st.agent = e.data.get("agent", st.agent)
-            elif e.type == "session.ended":
-                st.ended = True
-            elif e.type == "agent.reply.started":
-                st.turns += 1
-                st.reply, st.reply_done, st.reply_interrupted = e.data["reply"], False, False
-                st.reply_speaking, st.reply_heard, st.user_since_reply = False, [], False
-                st.live_events = True
-            elif e.type in ("user.transcript", "user.text", "user.speech.started"):
-                st.user_since_reply = True
-            elif e.type == "interruption":
-                st.reply_interrupted = True
-            elif e.type == "agent.speech.started":
-                st.reply_speaking = True
-            elif e.type == "agent.speech.ended":
-                st.reply_speaking = False
-            elif e.type == "agent.speech.progress" and e.data.get("reply") == st.reply:
-                st.reply_heard = [e.data["heard"]]
-        self._remember(session, st)
+    def restore(self, session: str, fold: ContextFold, *, ended: bool = False) -> None:
+        """Continues a call from the fold of its stored log (``build_context``) after a restart;
+        ``ended``: the log already holds ``session.ended`` (the store's session status)."""
+        self._remember(session, _CallState.over(session, fold, ended=ended))
 
     def _remember(self, session: str, st: _CallState) -> None:
         self._calls[session] = st
@@ -243,121 +235,104 @@ class VapiIngest:
         session = self.session_of(body)
         st = self._calls.get(session)
         if st is None:
-            st = _CallState()
+            st = _CallState.over(session, ContextFold(session))
             self._remember(session, st)
         at = int(msg["timestamp"]) if isinstance(msg.get("timestamp"), (int, float)) else now_ms()
         digest = hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
-        emissions = self._map(msg, st)
-        if emissions and emissions[0][0] == "__reconstruct__":
+        st.writer.reset(f"vapi:{digest}:", at)
+        if self._map(msg, st):
             return self.reconstruct(body)
-        return [
-            make_event(session, t, d, id=f"vapi:{digest}:{i}", at_ms=at) for i, (t, d) in enumerate(emissions, start=1)
-        ]
+        return st.writer.events
 
-    # -- the mapping ----------------------------------------------------------------------------
+    # -- the mapping (each step writes through the call's reply tracker) --------------------------
 
-    def _start(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+    def _start(self, msg: Mapping[str, Any], st: _CallState) -> None:
         if st.started:
-            return []
-        st.started = True
+            return
         assistant = _obj(msg, "assistant")
         call = _obj(msg, "call")
-        st.agent = str(assistant.get("name") or call.get("assistantId") or "vapi")
+        agent = str(assistant.get("name") or call.get("assistantId") or "vapi")
         meta = {"vapi_call_id": call.get("id"), "type": call.get("type")}
-        data: dict[str, Any] = {"agent": st.agent, "framework": "vapi"}
+        data: dict[str, Any] = {"agent": agent, "framework": "vapi"}
         data["metadata"] = {k: v for k, v in meta.items() if v is not None}
-        return [("session.started", data)]
+        st.replies.emit("session.started", data)
 
-    def _new_reply(self, st: _CallState, turn_id: Any) -> list[tuple[str, dict[str, Any]]]:
-        out = self._close_reply(st)
-        st.turns += 1
-        st.reply = str(turn_id) if turn_id else f"turn-{st.turns}"
-        st.reply_done, st.reply_interrupted, st.reply_speaking = False, False, False
-        st.reply_heard, st.user_since_reply = [], False
-        st.live_events = True
-        out.append(("agent.reply.started", {"reply": st.reply}))
-        return out
+    def _new_reply(self, st: _CallState, turn_id: Any) -> str:
+        self._close_reply(st)
+        return st.replies.begin(str(turn_id) if turn_id else f"turn-{st.replies.count() + 1}")
 
-    def _current_reply(self, st: _CallState, turn_id: Any) -> list[tuple[str, dict[str, Any]]]:
-        if turn_id and str(turn_id) != st.reply:
+    def _current_reply(self, st: _CallState, turn_id: Any) -> str:
+        """The reply new assistant output belongs to: a new one after the user spoke or barged in."""
+        replies = st.replies
+        current = replies.current
+        if turn_id and str(turn_id) != current:
             return self._new_reply(st, turn_id)
-        if st.reply is None or st.user_since_reply or st.reply_interrupted:
+        state = None if current is None else replies.state(current)
+        if current is None or state is None or state.interrupted or replies.user_spoke_since(current):
             return self._new_reply(st, turn_id)
-        return []
+        return current
 
-    def _close_reply(self, st: _CallState) -> list[tuple[str, dict[str, Any]]]:
-        out: list[tuple[str, dict[str, Any]]] = []
-        if st.reply is not None and not st.reply_done:
-            st.reply_done = True
-            out.append(("agent.reply.done", {"reply": st.reply}))
-        return out
+    def _close_reply(self, st: _CallState) -> None:
+        current = st.replies.current
+        if current is not None:
+            st.replies.done(current)
 
-    def _map(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+    def _map(self, msg: Mapping[str, Any], st: _CallState) -> bool:
+        """Writes the message's events; True when the call must be rebuilt from a report instead."""
         kind = msg["type"]
-        out: list[tuple[str, dict[str, Any]]] = []
         if kind == "end-of-call-report":
             return self._end_of_call(msg, st)
         if st.ended:
-            return []
-        out += self._start(msg, st)
+            return False
+        self._start(msg, st)
+        replies = st.replies
         turn_id = msg.get("turnId")
+        current = replies.current
+        state = None if current is None else replies.state(current)
         if kind == "status-update":
             if msg.get("status") == "ended":
-                out += self._close_reply(st)
+                self._close_reply(st)
                 st.ended = True
-                out.append(("session.ended", {"reason": str(msg.get("endedReason") or "ended")}))
+                replies.emit("session.ended", {"reason": str(msg.get("endedReason") or "ended")})
         elif kind == "speech-update":
             role, status = msg.get("role"), msg.get("status")
             if role == "user" and status == "started":
-                st.user_since_reply = True
-                out.append(("user.speech.started", {"source": "vad"}))
+                replies.emit("user.speech.started", {"source": "vad"})
             elif role == "user" and status == "stopped":
-                out.append(("user.speech.stopped", {}))
+                replies.emit("user.speech.stopped", {})
             elif role == "assistant" and status == "started":
-                out += self._current_reply(st, turn_id)
-                if not st.reply_speaking:
-                    st.reply_speaking = True
-                    out.append(("agent.speech.started", {"reply": st.reply}))
-            elif role == "assistant" and status == "stopped" and st.reply and st.reply_speaking:
-                st.reply_speaking = False
-                out += self._close_reply(st)
-                heard = " ".join(st.reply_heard).strip()
-                ended: dict[str, Any] = {"reply": st.reply, "interrupted": st.reply_interrupted}
-                if heard:
-                    ended["heard"] = heard
-                out.append(("agent.speech.ended", ended))
+                replies.speech_started(self._current_reply(st, turn_id))
+            elif role == "assistant" and status == "stopped" and current is not None and state is not None:
+                if state.speech_started and not state.speech_ended:
+                    self._close_reply(st)
+                    replies.speech_ended(current, interrupted=state.interrupted, heard=state.reported_heard or None)
         elif kind == "transcript":
             text = str(msg.get("transcript") or "").strip()
             final = msg.get("transcriptType") == "final" or "final" in str(msg.get("type"))
             if msg.get("role") == "user" and text:
-                st.user_since_reply = True
-                out.append(("user.transcript", {"text": text, "final": bool(final)}))
-            elif msg.get("role") == "assistant" and text and final and st.reply:
-                st.reply_heard.append(text)
-                out.append(("agent.speech.progress", {"reply": st.reply, "heard": " ".join(st.reply_heard)}))
+                replies.emit("user.transcript", {"text": text, "final": bool(final)})
+            elif msg.get("role") == "assistant" and text and final and current is not None and state is not None:
+                # what the TTS spoke, piece by piece: the heard text so far
+                replies.heard(current, f"{state.reported_heard} {text}" if state.reported_heard else text)
         elif kind == "model-output":
             output = msg.get("output")
             if isinstance(output, Mapping):  # the SDK types it as an object; live calls send token text
                 output = output.get("content") if isinstance(output.get("content"), str) else None
             if isinstance(output, str) and output:
-                out += self._current_reply(st, turn_id)
-                out.append(("agent.text", {"reply": st.reply, "text": output}))
+                replies.text(self._current_reply(st, turn_id), output)
         elif kind == "user-interrupted":
-            if st.reply is not None and not st.reply_interrupted:
-                st.reply_interrupted = True
-                interruption: dict[str, Any] = {"reply": st.reply, "cause": "user_speech"}
-                if st.reply_heard or st.reply_speaking:
-                    interruption["heard"] = " ".join(st.reply_heard).strip()
-                out.append(("interruption", interruption))
-                out += self._close_reply(st)
+            if current is not None and state is not None and not state.interrupted:
+                heard = state.reported_heard
+                if heard is None and state.speech_started and not state.speech_ended:
+                    heard = ""
+                replies.interrupt(current, cause="user_speech", heard=heard.strip() if heard is not None else None)
+                self._close_reply(st)
         elif kind == "tool-calls":
             calls = tool_calls_of(msg)
-            if st.reply is None or st.reply_done or st.user_since_reply or st.reply_interrupted:
-                out += self._new_reply(st, turn_id)
+            if current is None or state is None or state.done or state.interrupted or replies.user_spoke_since(current):
+                current = self._new_reply(st, turn_id)
             for tc in calls:
-                out.append(
-                    ("tool.call", {"call": tc.id, "name": tc.name, "arguments": tc.arguments, "reply": st.reply})
-                )
+                replies.emit("tool.call", {"call": tc.id, "name": tc.name, "arguments": tc.arguments, "reply": current})
         elif kind == "transfer-update":
             to_assistant = _obj(msg, "toAssistant") or None
             dest = _obj(msg, "destination")
@@ -368,7 +343,7 @@ class VapiIngest:
                 or dest.get("sipUri")
                 or "transfer"
             )
-            out += self._close_reply(st)
+            self._close_reply(st)
             handoff: dict[str, Any] = {"from": st.agent, "to": str(to), "reason": "transfer"}
             if to_assistant and isinstance(to_assistant.get("model"), Mapping):
                 system = [
@@ -378,19 +353,18 @@ class VapiIngest:
                 ]
                 if system and isinstance(system[0], str):
                     handoff["instructions"] = system[0]
-            st.agent = str(to)
-            out.append(("agent.handoff", handoff))
-        return out
+            replies.emit("agent.handoff", handoff)
+        return False
 
-    def _end_of_call(self, msg: Mapping[str, Any], st: _CallState) -> list[tuple[str, dict[str, Any]]]:
+    def _end_of_call(self, msg: Mapping[str, Any], st: _CallState) -> bool:
         reason = str(msg.get("endedReason") or "ended")
-        if st.live_events:  # the call was recorded live: the report only closes it
-            if st.ended:
-                return []
-            out = self._close_reply(st)
-            st.ended = True
-            return [*out, ("session.ended", {"reason": reason})]
-        return [("__reconstruct__", {"reason": reason})]
+        if st.replies.count():  # the call was recorded live: the report only closes it
+            if not st.ended:
+                self._close_reply(st)
+                st.ended = True
+                st.replies.emit("session.ended", {"reason": reason})
+            return False
+        return True
 
     def reconstruct(self, body: Mapping[str, Any]) -> list[Event]:
         """An ``end-of-call-report`` for a call never seen live, rebuilt from ``artifact.messages``."""
@@ -421,11 +395,8 @@ class VapiIngest:
         system = next(
             (str(m.get("message")) for m in artifact.get("messages") or [] if m.get("role") == "system"), None
         )
-        st = self._calls.get(session) or _CallState()
-        st.started = st.ended = True
-        self._remember(session, st)
         call = _obj(msg, "call")
-        return reconstruct(
+        events = reconstruct(
             session,
             turns,
             source="vapi.end_of_call_report",
@@ -436,6 +407,9 @@ class VapiIngest:
             end_reason=str(msg.get("endedReason") or "ended"),
             metadata={"vapi_call_id": call.get("id")},
         )
+        st = _CallState.over(session, fold_events(events, session), ended=True)
+        self._remember(session, st)
+        return events
 
 
 def _obj(msg: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -224,12 +224,24 @@ class ToolCallState:
 
 @dataclass(frozen=True, slots=True)
 class ReplyState:
+    """One reply as folded so far (what :mod:`calltape.adapters.replies` and the runtime read)."""
+
     reply: str
     generating: bool
     awaiting_playout: bool
     interrupted: bool
     speech_started: bool
     heard: str
+    """The context's text for the reply (rule 3)."""
+    seq: int = 0
+    """The seq at which the reply began."""
+    done: bool = False
+    """``agent.reply.done`` was folded."""
+    speech_ended: bool = False
+    generated: str = ""
+    """Every ``agent.text`` delta kept (late tokens of an interrupted reply excluded)."""
+    reported_heard: str | None = None
+    """The latest ``heard`` given by an event, None when none was."""
 
 
 def _arguments(value: Any) -> str:
@@ -388,6 +400,11 @@ class ContextFold:
     def pending_user_text(self) -> str | None:
         return self._interim
 
+    @property
+    def user_turn_seq(self) -> int | None:
+        """The seq at which the current (latest) user message began; None before any user content."""
+        return None if self._cur_user is None else self._cur_user.seq
+
     @staticmethod
     def _call_state(c: _Call) -> ToolCallState:
         return ToolCallState(
@@ -411,6 +428,11 @@ class ContextFold:
             interrupted=r.interrupted,
             speech_started=r.speech_started,
             heard=r.text(),
+            seq=r.seq,
+            done=r.done,
+            speech_ended=r.speech_ended,
+            generated="".join(r.parts),
+            reported_heard=r.heard,
         )
 
     def tool_calls(self) -> list[ToolCallState]:

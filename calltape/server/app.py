@@ -31,6 +31,7 @@ from calltape.adapters.retell import retell_session, retell_webhook_events, veri
 from calltape.adapters.vapi import VapiIngest, verify_vapi_request
 from calltape.errors import CalltapeError, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
+from calltape.projections import build_context
 from calltape.server.retell_llm import RetellLLMEndpoint, _Connections, retell_llm_route
 
 __all__ = ["ReceiverConfig", "create_app", "run_server"]
@@ -138,7 +139,9 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         session = vapi.session_of(payload)
         async with locks[session]:
             if not vapi.known(session):
-                vapi.restore(session, await store.read(session))
+                info = await store.session_info(session)
+                if info is not None:  # a restart: continue from the fold of the stored log
+                    vapi.restore(session, await build_context(store, session), ended=info.status == "ended")
             events = vapi.events(payload)
             written = await append(events)
         response: dict[str, Any] = {"appended": written}
