@@ -6,14 +6,13 @@ times); :mod:`calltape.adapters.reconstruct` turns it into a session marked reco
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from calltape.adapters.reconstruct import Turn, reconstruct
+from calltape.adapters.webhook_auth import verify_bland_signature
 from calltape.errors import InvalidEvent
 from calltape.events import Event, parse_time
 
@@ -112,11 +111,3 @@ def bland_events(body: Mapping[str, Any] | BlandPostCall, *, session: str | None
         end_reason=call.call_ended_by or call.error_message or ("completed" if call.completed else None),
         metadata=meta,
     )
-
-
-def verify_bland_signature(body: bytes, secret: str, signature: str | None) -> bool:
-    """``X-Webhook-Signature``: hex HMAC-SHA256 of the raw body with the account's signing secret."""
-    if not signature:
-        return False
-    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature.strip().lower())

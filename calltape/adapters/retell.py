@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +30,7 @@ import orjson
 
 from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.adapters.replies import ReplyTracker
+from calltape.adapters.webhook_auth import sign_retell, verify_retell_signature
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event
 
@@ -365,32 +363,6 @@ class RetellLLMSession:
 
 # ---------------------------------------------------------------------------------------------
 # Webhooks.
-
-_SIGNATURE = re.compile(r"v=(\d+),d=([0-9a-f]{64})")
-FIVE_MINUTES_MS = 5 * 60 * 1000
-
-
-def sign_retell(body: bytes | str, api_key: str, timestamp_ms: int | None = None) -> str:
-    """The ``X-Retell-Signature`` Retell would send (for tests and local replays)."""
-    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    text = body.decode() if isinstance(body, bytes) else body
-    digest = hmac.new(api_key.encode(), (text + str(ts)).encode(), hashlib.sha256).hexdigest()
-    return f"v={ts},d={digest}"
-
-
-def verify_retell_signature(
-    body: bytes, api_key: str, signature: str | None, *, now_ms: int | None = None, tolerance_ms: int = FIVE_MINUTES_MS
-) -> bool:
-    """Checks ``X-Retell-Signature`` over the raw body (the scheme of ``retell.Retell.verify``)."""
-    match = _SIGNATURE.fullmatch((signature or "").strip())
-    if not match:
-        return False
-    ts, digest = int(match.group(1)), match.group(2)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    if abs(now - ts) > tolerance_ms:
-        return False
-    expected = hmac.new(api_key.encode(), body + str(ts).encode(), hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, digest)
 
 
 def _call_of(body: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import orjson
 
 from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.adapters.replies import EventCollector, ReplyTracker
+from calltape.adapters.webhook_auth import verify_vapi_request
 from calltape.errors import InvalidEvent
 from calltape.events import Event, now_ms
 from calltape.projections import ContextFold, fold_events
@@ -428,29 +428,3 @@ def _ms(value: Any) -> int | None:
         except InvalidEvent:
             return None
     return None
-
-
-def verify_vapi_request(
-    headers: Mapping[str, str],
-    body: bytes,
-    *,
-    secret: str | None = None,
-    bearer: str | None = None,
-    hmac_secret: str | None = None,
-) -> bool:
-    """Checks one of Vapi's server authentications (whichever are configured must all pass).
-
-    ``secret``: the legacy ``X-Vapi-Secret`` header; ``bearer``: a Bearer-token credential;
-    ``hmac_secret``: an HMAC credential (hex SHA-256 of the raw body in ``X-Vapi-Signature``).
-    """
-    lower = {k.lower(): v for k, v in headers.items()}
-    checks: list[bool] = []
-    if secret is not None:
-        checks.append(hmac.compare_digest(lower.get("x-vapi-secret", ""), secret))
-    if bearer is not None:
-        checks.append(hmac.compare_digest(lower.get("authorization", ""), f"Bearer {bearer}"))
-    if hmac_secret is not None:
-        given = lower.get("x-vapi-signature", "").strip().lower().removeprefix("sha256=")
-        expected = hmac.new(hmac_secret.encode(), body, hashlib.sha256).hexdigest()
-        checks.append(hmac.compare_digest(given, expected))
-    return bool(checks) and all(checks)

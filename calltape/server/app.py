@@ -26,13 +26,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from calltape.adapters.bland import bland_events, parse_bland, verify_bland_signature
-from calltape.adapters.retell import retell_session, retell_webhook_events, verify_retell_signature
-from calltape.adapters.vapi import VapiIngest, verify_vapi_request
+from calltape.adapters.bland import bland_events, parse_bland
+from calltape.adapters.reconstruct import is_reconstructed
+from calltape.adapters.retell import retell_session, retell_webhook_events
+from calltape.adapters.vapi import VapiIngest
+from calltape.adapters.webhook_auth import verify_bland_signature, verify_retell_signature, verify_vapi_request
 from calltape.errors import CalltapeError, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.projections import build_context
-from calltape.server.retell_llm import RetellLLMEndpoint, _Connections, retell_llm_route
+from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
 
 __all__ = ["ReceiverConfig", "create_app", "run_server"]
 
@@ -40,6 +42,9 @@ log = logging.getLogger("calltape.server")
 
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
 """An end-of-call report with a long transcript stays well under 2 MiB."""
+
+MAX_SESSION_ID = 512
+"""Longest session id (prefix + the platform's call id) the receiver accepts; call ids are UUID-sized."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,14 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return value
 
 
+def _session(session: str) -> str:
+    """A session id from a platform's call id, refused (422) before it reaches the store when the store
+    could not keep it: the platform then gets one clear 4xx instead of retrying a 500 forever."""
+    if len(session) > MAX_SESSION_ID or not session.isprintable():
+        raise _Reject(422, "the call id is not a usable session id (control characters, or too long)")
+    return session
+
+
 def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any) -> Starlette:
     """The receiver over an open :class:`~calltape.eventstore.EventStore`.
 
@@ -136,7 +149,7 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             if not ok:
                 raise _Reject(401, "the Vapi request is not authenticated")
         payload = _json_object(body)
-        session = vapi.session_of(payload)
+        session = _session(vapi.session_of(payload))
         async with locks[session]:
             if not vapi.known(session):
                 info = await store.session_info(session)
@@ -157,11 +170,12 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         ):
             raise _Reject(401, "the X-Retell-Signature header does not match the body")
         payload = _json_object(body)
-        session = retell_session(payload, cfg.session_prefix)
+        session = _session(retell_session(payload, cfg.session_prefix))
         async with locks[session]:
             existing = await store.read(session)
             started = any(e.type == "session.started" for e in existing)
-            live = any(e.type == "agent.reply.started" and not e.id.startswith("retell.") for e in existing)
+            # recorded live = a custom-LLM connection wrote into it (its explicit record in the log)
+            live = any(e.type == CONNECTION_EVENT for e in existing)
             events = retell_webhook_events(payload, session=session, started=started, live=live)
             return {"appended": await append(events)}
 
@@ -172,11 +186,11 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         ):
             raise _Reject(401, "the X-Webhook-Signature header does not match the body")
         call = parse_bland(_json_object(body))
-        session = cfg.session_prefix + call.call_id
+        session = _session(cfg.session_prefix + call.call_id)
         async with locks[session]:
             existing = await store.read(session, limit=1)
             events = bland_events(call, session=session)
-            if existing and not existing[0].id.startswith("bland.post_call:"):
+            if existing and not is_reconstructed(existing[0]):
                 # recorded live already: the report only closes the session
                 info = await store.session_info(session)
                 ended = [e for e in events if e.type == "session.ended"]

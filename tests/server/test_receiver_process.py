@@ -149,6 +149,22 @@ async def test_bland_post_call_is_reconstructed_once(server: tuple[str, str], re
     [
         ("/bland", {"x-webhook-signature": "0" * 64}, json.dumps(BLAND | {"call_id": "bad-sig"}).encode(), 401),
         ("/vapi", {"x-vapi-secret": "wrong"}, b'{"message": {"type": "status-update", "call": {"id": "v-bad"}}}', 401),
+        # malformed credentials (non-ASCII bytes) are refused like wrong ones: 401, never 500 (issue 17)
+        (
+            "/vapi",
+            {"x-vapi-secret": b"\xff\xfe s\xc3\xa9"},
+            b'{"message": {"type": "x", "call": {"id": "v-bad"}}}',
+            401,
+        ),
+        ("/bland", {"x-webhook-signature": b"\xe9" * 64}, json.dumps(BLAND | {"call_id": "bad-sig"}).encode(), 401),
+        (
+            "/retell",
+            {"x-retell-signature": b"v=1,d=\xe9"},
+            b'{"event": "call_started", "call": {"call_id": "v-bad"}}',
+            401,
+        ),
+        # a call id the store cannot keep: one 4xx (a platform retries a 500 forever)
+        ("/bland", {"x-webhook-signature": "SIGN"}, json.dumps(BLAND | {"call_id": "bad\u0000sig"}).encode(), 422),
         ("/vapi", {"x-vapi-secret": VAPI_SECRET}, b"{not json", 400),
         ("/vapi", {"x-vapi-secret": VAPI_SECRET}, b'{"message": {"type": "status-update"}}', 422),
         ("/vapi", {"x-vapi-secret": VAPI_SECRET}, b"[1, 2]", 400),
@@ -161,12 +177,15 @@ async def test_bland_post_call_is_reconstructed_once(server: tuple[str, str], re
     ],
 )
 async def test_bad_requests_get_a_clear_4xx_and_write_nothing(
-    server: tuple[str, str], reader: EventStore, path: str, headers: dict[str, str], body: bytes, status: int
+    server: tuple[str, str], reader: EventStore, path: str, headers: dict[str, str | bytes], body: bytes, status: int
 ) -> None:
     base, _ = server
+    if headers.get("x-webhook-signature") == "SIGN":
+        headers = {"x-webhook-signature": hmac.new(BLAND_SECRET.encode(), body, hashlib.sha256).hexdigest()}
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-        r = await client.post(path, content=body, headers={"content-type": "application/json", **headers})
-    assert r.status_code == status, r.text
+        for _ in range(2):  # a redelivery gets the same answer
+            r = await client.post(path, content=body, headers={"content-type": "application/json", **headers})
+            assert r.status_code == status, r.text
     assert isinstance(r.json()["error"], str) and r.json()["error"]
     for session in ("bad-sig", "v-bad", "big"):
         assert await _events(reader, session) == []

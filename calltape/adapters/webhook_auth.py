@@ -1,0 +1,119 @@
+"""Every hosted platform's webhook authentication, in one place: Vapi, Retell, Bland.
+
+Each check runs on the raw request before anything is parsed, and answers a plain yes or no: a
+missing, malformed or foreign credential (non-ASCII bytes, a truncated digest, an odd encoding) is
+"no", never an exception. Comparisons are constant-time over bytes: header values are taken as the
+bytes they arrived as (HTTP servers hand them over decoded as Latin-1, which maps bytes 1:1), secrets
+as their UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import time
+from collections.abc import Mapping
+
+__all__ = [
+    "FIVE_MINUTES_MS",
+    "sign_retell",
+    "verify_bland_signature",
+    "verify_retell_signature",
+    "verify_vapi_request",
+]
+
+FIVE_MINUTES_MS = 5 * 60 * 1000
+"""How far a Retell signature's timestamp may be from now."""
+
+_RETELL_SIGNATURE = re.compile(rb"v=(\d{1,15}),d=([0-9a-f]{64})")
+
+
+def header_bytes(value: str | bytes | None) -> bytes:
+    """A header value as the bytes that travelled (Latin-1 is how ASGI servers decode them)."""
+    if value is None:
+        return b""
+    if isinstance(value, bytes):
+        return value
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:  # a caller's own str beyond Latin-1: its UTF-8 bytes
+        return value.encode("utf-8", "surrogateescape")
+
+
+def _secret(value: str) -> bytes:
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _same(given: bytes, expected: bytes) -> bool:
+    return hmac.compare_digest(given, expected)
+
+
+def _hex_digest(value: str | bytes | None) -> bytes:
+    """A hex digest header, trimmed and lower-cased (ASCII only: other bytes are left as they are)."""
+    return header_bytes(value).strip().lower()
+
+
+def verify_vapi_request(
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    secret: str | None = None,
+    bearer: str | None = None,
+    hmac_secret: str | None = None,
+) -> bool:
+    """Checks Vapi's server authentications; whichever are configured must all pass.
+
+    ``secret``: the legacy ``X-Vapi-Secret`` header; ``bearer``: a Bearer-token credential
+    (``Authorization: Bearer …``); ``hmac_secret``: an HMAC credential (hex SHA-256 of the raw body in
+    ``X-Vapi-Signature``, optionally prefixed ``sha256=``).
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    checks: list[bool] = []
+    if secret is not None:
+        checks.append(_same(header_bytes(lower.get("x-vapi-secret")), _secret(secret)))
+    if bearer is not None:
+        checks.append(_same(header_bytes(lower.get("authorization")), b"Bearer " + _secret(bearer)))
+    if hmac_secret is not None:
+        given = _hex_digest(lower.get("x-vapi-signature")).removeprefix(b"sha256=")
+        expected = hmac.new(_secret(hmac_secret), body, hashlib.sha256).hexdigest().encode()
+        checks.append(_same(given, expected))
+    return bool(checks) and all(checks)
+
+
+def sign_retell(body: bytes | str, api_key: str, timestamp_ms: int | None = None) -> str:
+    """The ``X-Retell-Signature`` Retell would send (for tests and local replays)."""
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    raw = body.encode() if isinstance(body, str) else body
+    digest = hmac.new(_secret(api_key), raw + str(ts).encode(), hashlib.sha256).hexdigest()
+    return f"v={ts},d={digest}"
+
+
+def verify_retell_signature(
+    body: bytes,
+    api_key: str,
+    signature: str | bytes | None,
+    *,
+    now_ms: int | None = None,
+    tolerance_ms: int = FIVE_MINUTES_MS,
+) -> bool:
+    """Checks ``X-Retell-Signature: v=<ms>,d=<hex>``: HMAC-SHA256 over ``body + <ms>`` with the API key
+    (the scheme of ``retell.Retell.verify``), within ``tolerance_ms`` of now."""
+    match = _RETELL_SIGNATURE.fullmatch(header_bytes(signature).strip())
+    if not match:
+        return False
+    ts, digest = int(match.group(1)), match.group(2)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if abs(now - ts) > tolerance_ms:
+        return False
+    expected = hmac.new(_secret(api_key), body + str(ts).encode(), hashlib.sha256).hexdigest().encode()
+    return _same(expected, digest)
+
+
+def verify_bland_signature(body: bytes, secret: str, signature: str | bytes | None) -> bool:
+    """``X-Webhook-Signature``: hex HMAC-SHA256 of the raw body with the account's signing secret."""
+    given = _hex_digest(signature)
+    if not given:
+        return False
+    expected = hmac.new(_secret(secret), body, hashlib.sha256).hexdigest().encode()
+    return _same(expected, given)
