@@ -20,14 +20,26 @@ Three protocol facts shape the mapping:
   To keep the user turn before the reply it answers, the tap holds the reply's events back (up to
   ``transcript_hold_ms``) while a committed user item is still being transcribed.
 
+Live reconciliation (``send=``): the Realtime *server* keeps its own conversation, and the model
+reads it at every response. A guarded call still running when the user speaks would be seen there
+without an output, and a result that lands after a barge-in would be lost to the live model. Given
+``send`` (the coroutine that writes one client event to the connection), the tap keeps every function
+call of the live conversation with exactly one ``function_call_output``, the one calltape's context
+shows: when the user starts speaking (VAD) while a call runs, it puts the call's current calltape output
+(``{"status": "in_progress"}``) in; when the tool lands, :meth:`RealtimeTap.run_tool` replaces it by
+the real output (``conversation.item.delete`` then ``conversation.item.create`` after the call's item)
+before it returns, so a ``response.create`` sent after it sees the result.
+
 Both the GA event names (``response.output_audio_transcript.delta``) and the beta ones
 (``response.audio_transcript.delta``) are understood.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,7 +49,7 @@ import orjson
 from calltape.adapters.replies import EventSink, ReplyTracker
 from calltape.errors import InvalidEvent
 from calltape.events import now_ms
-from calltape.projections import to_realtime
+from calltape.projections import output_text, to_realtime
 
 if TYPE_CHECKING:
     from openai.types.realtime import ConversationItemCreateEvent
@@ -152,6 +164,10 @@ class RealtimeTap:
     ``server_event`` returns the function calls that became safe to run; run them with :meth:`run_tool`
     (guarded execution) and send :meth:`output_item` back.
 
+    ``send``: the coroutine that writes a client event (a dict) to the Realtime connection; given it, the
+    tap reconciles the live conversation with calltape's context (module docstring) and :meth:`run_tool`
+    sends the tool's output itself.
+
     ``playout`` says who knows when the user finished hearing a reply: ``"response"`` (default, WebSocket:
     the reply is taken as heard when its response completes; a later truncate corrects it), ``"client"``
     (the app calls :meth:`playout_finished`), or ``"output_audio_buffer"`` (WebRTC/SIP: the server's
@@ -166,8 +182,15 @@ class RealtimeTap:
         input_transcription: bool = True,
         transcript_hold_ms: int = 1500,
         clock: Callable[[], int] = now_ms,
+        send: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
     ) -> None:
         self.call = call
+        self.send = send
+        self._outbox: list[dict[str, Any]] = []
+        self._sending = asyncio.Lock()
+        self._drain: asyncio.Task[None] | None = None
+        self._running: dict[str, FunctionCall] = {}  # guarded calls whose body is running
+        self._live_outputs: dict[str, str] = {}  # call id -> its output item in the live conversation
         self.replies = ReplyTracker(call)
         self.playout: Playout = playout
         self.input_transcription = input_transcription
@@ -231,9 +254,69 @@ class RealtimeTap:
         run = getattr(self.call, "run_tool", None)
         if run is None:
             raise TypeError("guarded execution needs a calltape CallSession as the tap's call")
-        outcome = await run(fc.call_id, fc.name, fc.parsed_arguments(), body, reply=fc.response_id, spec=spec)
+        self._running[fc.call_id] = fc
+        try:
+            outcome = await run(fc.call_id, fc.name, fc.parsed_arguments(), body, reply=fc.response_id, spec=spec)
+        finally:
+            self._running.pop(fc.call_id, None)
         self._results.add(fc.call_id)
+        if self.send is not None:
+            await self._put_output(fc, getattr(outcome, "output", outcome))
         return outcome
+
+    async def reconcile(self) -> None:
+        """Sends the reconciliation items due now (see the module docstring), in order.
+
+        The tap schedules this itself when the user starts speaking; await it before a
+        ``response.create`` your application sends while guarded calls may be running."""
+        if self.send is None:
+            return
+        for fc in list(self._running.values()):
+            if fc.call_id not in self._live_outputs:
+                self._queue_output(fc, self._calltape_output(fc))
+        async with self._sending:
+            while self._outbox:
+                await self.send(self._outbox.pop(0))
+
+    def live_output_item(self, call_id: str) -> str | None:
+        """The id of the ``function_call_output`` item the tap put in the live conversation for a call."""
+        return self._live_outputs.get(call_id)
+
+    def _calltape_output(self, fc: FunctionCall) -> Any:
+        """The call's output as calltape's context shows it now (``{"status": "in_progress"}`` while it runs)."""
+        state = self.replies.fold.tool_call(fc.call_id)
+        return {"status": "in_progress"} if state is None else state.output
+
+    def _queue_output(self, fc: FunctionCall, output: Any) -> None:
+        """Queues the events that make ``output`` the call's one output in the live conversation."""
+        old = self._live_outputs.get(fc.call_id)
+        if old is not None:
+            self._outbox.append({"type": "conversation.item.delete", "item_id": old})
+        n = hashlib.sha256(f"{fc.call_id}:{old}".encode()).hexdigest()[:28]
+        item_id = f"ct_{n}"
+        event: dict[str, Any] = {
+            "type": "conversation.item.create",
+            "item": {
+                "id": item_id,
+                "type": "function_call_output",
+                "call_id": fc.call_id,
+                "output": output_text(output),
+            },
+        }
+        if fc.item_id:
+            event["previous_item_id"] = fc.item_id
+        self._outbox.append(event)
+        self._live_outputs[fc.call_id] = item_id
+
+    async def _put_output(self, fc: FunctionCall, output: Any) -> None:
+        self._queue_output(fc, self._calltape_output(fc) if self.replies.fold.tool_call(fc.call_id) else output)
+        await self.reconcile()
+
+    def _schedule_reconcile(self) -> None:
+        if self.send is None or not self._running:
+            return
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self.reconcile())
 
     def output_item(self, fc: FunctionCall | str, output: Any) -> ConversationItemCreateEvent:
         """The ``conversation.item.create`` that hands a tool output back to the model.
@@ -305,6 +388,8 @@ class RealtimeTap:
             self._on_session(ev.get("session") or {})
         elif kind == "input_audio_buffer.speech_started":
             self._out("user.speech.started", {"source": "vad"}, jump=True)
+            # the server answers this turn on its own: running calls must have their output in by then
+            self._schedule_reconcile()
         elif kind == "input_audio_buffer.speech_stopped":
             self._out("user.speech.stopped", {}, jump=True)
         elif kind == "input_audio_buffer.committed":
@@ -328,6 +413,7 @@ class RealtimeTap:
             self._transcription_finished(str(ev.get("item_id", "")))
         elif kind == "response.created":
             self._resp((ev.get("response") or {}).get("id"))
+            self._schedule_reconcile()  # a turn the VAD start did not announce (e.g. semantic VAD)
         elif kind in ("response.output_item.added", "response.output_item.done"):
             conv_item = ev.get("item") or {}
             if conv_item.get("id") and ev.get("response_id"):

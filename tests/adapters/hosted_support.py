@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
+
+import pytest
+
+from calltape.eventstore import EventStore
+from calltape.eventstore.recorder import Recorder
+
+
+@pytest.fixture
+async def recorder(store: EventStore) -> AsyncIterator[Recorder]:
+    """A started recorder over the shared ``store`` fixture (SQLite and PostgreSQL); import it to use it."""
+    rec = Recorder(store)
+    await rec.start()
+    yield rec
+    await rec.close()
 
 
 def tool_json(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemTruncateEvent,
@@ -22,20 +20,11 @@ from openai.types.realtime import (
 )
 
 from calltape.adapters.realtime import RealtimeTap, seed_events
-from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.projections import build_context, render
 from calltape.runtime import CallSession
+from tests.adapters.hosted_support import recorder as recorder  # the fixture
 from tests.adapters.hosted_support import tool_json
-
-
-@pytest.fixture
-async def recorder(store: EventStore) -> AsyncIterator[Recorder]:
-    """A recorder over the shared ``store`` fixture (SQLite and PostgreSQL)."""
-    rec = Recorder(store)
-    await rec.start()
-    yield rec
-    await rec.close()
 
 
 def _id(prefix: str, n: list[int] = [0]) -> str:  # noqa: B006 - a counter
