@@ -83,6 +83,8 @@ class Event:
     seq: int | None = None
     checked: bool = field(default=False, compare=False, repr=False)
     """Passed :func:`check_event` (built by :func:`make_event`/:func:`parse_event`, or read from the store)."""
+    redacted: bool = field(default=False, compare=False, repr=False)
+    """Already passed the writer's redaction rules (the store does not run them again)."""
 
     def with_seq(self, seq: int) -> Event:
         return replace(self, seq=seq)

@@ -122,6 +122,7 @@ class PostgresEventStore(EventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
+        events = self._redact(events)
         sessions = sorted({e.session for e in events})
         async with self._connection() as conn:
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —

@@ -100,6 +100,7 @@ class SqliteEventStore(EventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
+        events = self._redact(events)
         sessions = sorted({e.session for e in events})
         async with self._connection(write=True) as conn:
             await conn.exec_driver_sql(

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
+from calltape.redaction import Redactor
 
 log = logging.getLogger("calltape.eventstore")
 
@@ -56,6 +57,14 @@ class EventStore(ABC):
 
     dialect: str
     url: str
+    redactor: Redactor | None = None
+    """Redaction on write: every appended event passes these rules before it reaches the database."""
+
+    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
+        """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
+        if self.redactor is None or all(e.redacted for e in events):
+            return events
+        return self.redactor.events(events)
 
     # -- writing -----------------------------------------------------------------------------
 
