@@ -44,8 +44,10 @@ def resolve_url(url: str | None = None) -> str:
     if backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+asyncpg")
     elif backend == "sqlite":
-        # `sqlite://` and `sqlite:///:memory:` are both SQLite's private in-memory database.
-        parsed = parsed.set(drivername="sqlite+aiosqlite", database=parsed.database or MEMORY)
+        if (parsed.database or MEMORY) == MEMORY:
+            # `sqlite://` and `sqlite:///:memory:`: SQLite's private in-memory database.
+            return f"sqlite+aiosqlite:///{MEMORY}"
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
     else:
         raise CalltapeError(f"calltape stores events in PostgreSQL or SQLite, not '{backend}'")
     return parsed.render_as_string(hide_password=False)
