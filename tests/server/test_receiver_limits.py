@@ -35,7 +35,7 @@ def receiver(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], str
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a loaded CI machine starts Python slowly
     while True:
         try:
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
