@@ -247,6 +247,11 @@ class SessionDroppedData(_Data):
     reason: str | None = None
 
 
+class SessionRedactedData(_Data):
+    kinds: list[str]
+    spans: int = Field(ge=0)
+
+
 class SessionResumedData(_Data):
     agent: str
     epoch: int = Field(ge=1)
@@ -358,6 +363,7 @@ DATA_MODELS: dict[str, type[_Data]] = {
     "session.ended": SessionEndedData,
     "session.dropped": SessionDroppedData,
     "session.resumed": SessionResumedData,
+    "session.redacted": SessionRedactedData,
     "agent.handoff": AgentHandoffData,
     "agent.instructions": AgentInstructionsData,
     "user.speech.started": UserSpeechStartedData,

@@ -3,9 +3,9 @@
 A card number read aloud arrives as words ("four two four two …"), in groups, and often split across
 several transcript chunks of one user turn, so checking each string alone is not enough. Three parts:
 
-* :func:`find_spans` finds the spans of one string: ``card`` (13–19 digits passing the Luhn check, as
+* :func:`find_spans` finds the spans of one string: ``card`` (13-19 digits passing the Luhn check, as
   numerals or spoken digit words, in groups separated by spaces, dashes, dots or commas), ``ssn``
-  (3-2-4 digit groups), ``phone`` (10–15 digits, ``+`` allowed), ``email``, and the user's own patterns.
+  (3-2-4 digit groups), ``phone`` (10-15 digits, ``+`` allowed), ``email``, and the user's own patterns.
 * :class:`Redactor` applies them to every string the projection can show: transcripts, user text, agent
   text and ``heard``, instructions, tool arguments and outputs (every string leaf of their JSON). Ids
   (``reply``, ``call``, tool names) are never touched.
@@ -53,6 +53,21 @@ _TOKEN = re.compile(
     re.IGNORECASE,
 )
 _SEPARATOR = re.compile(r"[\s\-.,()]*")
+_DIGIT_WORD_ALTERNATION = "|".join(sorted({*_DIGIT_WORDS, *_REPEAT_WORDS}, key=len, reverse=True))
+_ANY_DIGIT = re.compile(r"\d")
+_WORD_SET = frozenset(_DIGIT_WORDS)
+_PUNCTUATION_TO_SPACE = str.maketrans(",.-!?;:()", "         ")
+
+
+def _maybe_sensitive(text: str) -> bool:
+    """A cheap first look (C-level scans only): most reply deltas have no digit, no digit word and no
+    "@", and need nothing more."""
+    if "@" in text or _ANY_DIGIT.search(text) is not None:
+        return True
+    return not _WORD_SET.isdisjoint(text.lower().translate(_PUNCTUATION_TO_SPACE).split())
+
+
+_ENDS_IN_DIGIT = re.compile(r"(?:\d|\b(?:" + _DIGIT_WORD_ALTERNATION + r"))[\s\-.,]*$", re.IGNORECASE)
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")
 _SSN = re.compile(r"(?<![\d-])\d{3}[- ]\d{2}[- ]\d{4}(?![\d-])")
 
@@ -140,7 +155,9 @@ def find_spans(
     """The sensitive spans of one string as ``(start, end, label)``, without overlaps, in order."""
     wanted = set(kinds)
     spans: list[tuple[int, int, str]] = []
-    if wanted & {"card", "phone"} and (any(c.isdigit() for c in text) or _has_digit_word(text)):
+    if not patterns and not _maybe_sensitive(text):
+        return spans
+    if wanted & {"card", "phone"}:
         for run in _runs(text):
             if "card" in wanted:
                 for i, j in card_windows(run.digits):
@@ -154,11 +171,6 @@ def find_spans(
     for label, pattern in (patterns or {}).items():
         spans += [(m.start(), m.end(), label) for m in pattern.finditer(text) if m.end() > m.start()]
     return _merge(spans)
-
-
-def _has_digit_word(text: str) -> bool:
-    lowered = text.lower()
-    return any(w in lowered for w in ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))
 
 
 _PRIORITY = {"card": 0, "ssn": 1, "phone": 2, "email": 3}
@@ -265,19 +277,25 @@ class Redactor:
         fields = _TEXT_FIELDS.get(event.type)
         if not fields:
             return event
-        found: Counter[str] = Counter()
         data = event.data
-        new = None
+        new: dict[str, Any] | None = None
+        found: Counter[str] | None = None
         for name in fields:
-            if name in data:
-                value = self._value(data[name], found)
-                if found and new is None:
+            value = data.get(name)
+            if value is None:
+                continue
+            if isinstance(value, str) and not self._compiled and not _maybe_sensitive(value):
+                continue  # the common case, decided without building anything
+            if found is None:
+                found = Counter()
+            redacted = self._value(value, found)
+            if redacted != value:
+                if new is None:
                     new = dict(data)
-                if new is not None:
-                    new[name] = value
+                new[name] = redacted
         if new is None:
             return event
-        if counts is not None:
+        if counts is not None and found:
             counts.update(found)
         return replace(event, data=new)
 
@@ -406,5 +424,4 @@ def _user_text(event: Event) -> str:
 
 
 def _ends_in_digits(text: str) -> bool:
-    runs = _runs(text)
-    return bool(runs) and runs[-1].end == len(text.rstrip(" .,-"))
+    return _ENDS_IN_DIGIT.search(text[-24:]) is not None

@@ -262,6 +262,14 @@ class PostgresEventStore(EventStore):
 
     # -- snapshots ---------------------------------------------------------------------------
 
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        async with self._connection() as conn, conn.transaction():
+            await conn.executemany(
+                "UPDATE ct_events SET data = $3::jsonb WHERE session = $1 AND seq = $2",
+                [(session, seq, orjson.dumps(data).decode()) for seq, data in changes],
+            )
+            await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
+
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
         async with self._connection() as conn:
             await conn.execute(

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
@@ -151,6 +151,11 @@ class EventStore(ABC):
             await waiter.close()
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """Replaces the ``data`` of stored events in place (``(seq, data)`` pairs) and drops the session's
+        snapshots, in one transaction. Only redaction uses it: the log is otherwise append-only."""
 
     @abstractmethod
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None: ...
