@@ -391,6 +391,7 @@ EventType = Literal[
     "session.ended",
     "session.dropped",
     "session.resumed",
+    "session.redacted",
     "agent.handoff",
     "agent.instructions",
     "user.speech.started",
