@@ -128,7 +128,7 @@ class Recorder:
         self.on_rejected = on_rejected
         self.close_timeout = close_timeout
         self.durable_timeout = durable_timeout
-        rules = redactor if redactor is not None else store.redactor
+        rules = redactor if redactor is not None else getattr(store, "redactor", None)
         self._redacting: RedactingStream | None = rules.stream() if rules is not None else None
         self.stats = RecorderStats()
         self._queue: deque[_Pending] = deque()
