@@ -33,6 +33,15 @@ class SessionNotFound(CalltapeError):
         self.session = session
 
 
+class SessionErased(CalltapeError):
+    """The write names a session that was erased (SPEC section 6): it can never receive events again."""
+
+    def __init__(self, session: str | None = None) -> None:
+        which = f"session '{session}'" if session else "a session in this write"
+        super().__init__(f"{which} was erased; an erased session cannot receive events again")
+        self.session = session
+
+
 class SchemaOutdated(CalltapeError):
     """The database schema is older (or newer) than this calltape."""
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from calltape.cli import erase as erase_cmds
 from calltape.cli import inspect as inspect_cmds
 from calltape.cli import live as live_cmds
 from calltape.cli import log as log_cmds
@@ -87,6 +88,8 @@ app.command("import", rich_help_panel=_LOG)(log_cmds.import_events)
 app.command("export", rich_help_panel=_LOG)(log_cmds.export_events)
 app.command("replay", rich_help_panel=_LOG)(log_cmds.replay)
 app.command("redact", rich_help_panel=_LOG)(redact_cmds.redact)
+app.command("delete", rich_help_panel=_LOG)(erase_cmds.delete)
+app.command("prune", rich_help_panel=_LOG)(erase_cmds.prune)
 
 app.command("sessions", rich_help_panel=_INSPECT)(inspect_cmds.sessions)
 app.command("show", rich_help_panel=_INSPECT)(timeline_cmds.show)

@@ -11,7 +11,7 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from calltape.errors import SchemaOutdated, StoreUnavailable
+from calltape.errors import SchemaOutdated, SessionErased, StoreUnavailable
 
 _ASYNCPG_DISCONNECTS = (
     asyncpg.PostgresConnectionError,
@@ -67,6 +67,8 @@ async def translate_errors(url: str) -> AsyncIterator[None]:
         chain = _chain(exc)
         root = chain[-1] if len(chain) > 1 else exc
         text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        if any("calltape: session erased" in str(e) for e in chain):
+            raise SessionErased() from None  # the tombstone guard (migration 0002)
         if any(isinstance(e, asyncpg.UndefinedTableError) for e in chain) or "no such table" in text:
             raise SchemaOutdated(f"the {where(url)} has no calltape schema; run `calltape db upgrade`") from exc
         sqlite_busy = any(

@@ -17,11 +17,11 @@ import orjson
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
+from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, SessionNotFound, StoreUnavailable
 from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
-from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition
+from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, Tombstone
 from calltape.gcpause import gc_paused
 
 CHANNEL = "calltape_events"
@@ -261,6 +261,33 @@ class PostgresEventStore(EventStore):
         return _NotifyWaiter(self.url)
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    async def erase(self, session: str) -> int:
+        async with self._connection() as conn, conn.transaction():
+            exists = await conn.fetchval("SELECT 1 FROM ct_sessions WHERE session = $1 FOR UPDATE", session)
+            if exists is None:
+                if await conn.fetchval("SELECT 1 FROM ct_tombstones WHERE session = $1", session) is None:
+                    raise SessionNotFound(session)
+                return 0
+            status = await conn.execute("DELETE FROM ct_events WHERE session = $1", session)
+            count = int(status.rsplit(" ", 1)[1])
+            await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
+            await conn.execute("DELETE FROM ct_sessions WHERE session = $1", session)
+            await conn.execute(
+                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES ($1, $2, $3) "
+                "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + EXCLUDED.events",
+                session,
+                now_ms(),
+                count,
+            )
+            return count
+
+    async def tombstone(self, session: str) -> Tombstone | None:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = $1", session
+            )
+        return Tombstone(row[0], row[1], row[2]) if row is not None else None
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
         async with self._connection() as conn, conn.transaction():

@@ -15,10 +15,11 @@ import orjson
 from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from calltape.errors import SessionNotFound
 from calltape.events import Event, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
-from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter
+from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter, Tombstone
 from calltape.gcpause import gc_paused
 
 _SESSION_FIELDS = (
@@ -248,6 +249,29 @@ class SqliteEventStore(EventStore):
         return SleepWaiter()
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    async def erase(self, session: str) -> int:
+        async with self._connection(write=True) as conn:
+            exists = (await conn.exec_driver_sql("SELECT 1 FROM ct_sessions WHERE session = ?", (session,))).first()
+            if exists is None:
+                tomb = (await conn.exec_driver_sql("SELECT 1 FROM ct_tombstones WHERE session = ?", (session,))).first()
+                if tomb is None:
+                    raise SessionNotFound(session)
+                return 0
+            result = await conn.exec_driver_sql("DELETE FROM ct_events WHERE session = ?", (session,))
+            count = int(result.rowcount)
+            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
+            await conn.exec_driver_sql("DELETE FROM ct_sessions WHERE session = ?", (session,))
+            await conn.exec_driver_sql(
+                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES (?, ?, ?) "
+                "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + excluded.events",
+                (session, now_ms(), count),
+            )
+            return count
+
+    async def tombstone(self, session: str) -> Tombstone | None:
+        rows = await self._fetch("SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = ?", session)
+        return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
         async with self._connection(write=True) as conn:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from calltape.errors import StoreUnavailable
@@ -35,6 +36,15 @@ class FeedPosition(NamedTuple):
 
 
 START = FeedPosition(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """What stays of an erased session: its id, when, and how many events it had. Never content."""
+
+    session: str
+    erased_at_ms: int
+    events: int
 
 
 class ChangeWaiter(ABC):
@@ -151,6 +161,16 @@ class EventStore(ABC):
             await waiter.close()
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def erase(self, session: str) -> int:
+        """Removes the session's events, snapshots and summary in one transaction and leaves a
+        :class:`Tombstone`; returns how many events went (0 when it was already erased).
+        Raises :class:`~calltape.errors.SessionNotFound` for a session that never existed."""
+
+    @abstractmethod
+    async def tombstone(self, session: str) -> Tombstone | None:
+        """The tombstone of an erased session, or ``None``."""
 
     @abstractmethod
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:

@@ -1,0 +1,51 @@
+"""Erasure and retention: a session removed for good, and every session older than a duration.
+
+Erasing is one transaction per session in the store (:meth:`EventStore.erase`): events, snapshots and
+the summary go, and a tombstone (id, time, event count, no content) stays, so a replayed spill file, a
+late webhook or a re-import of an old export cannot bring the session back. Pruning erases the sessions
+whose last event is older than a cutoff one by one, so no transaction ever holds more than one
+session's rows and live appends to other sessions are never held up for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from calltape.eventstore.store import EventStore
+
+PruneStatus = str
+"""``ended``, ``dropped`` or ``any``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What a prune removed (or, in a dry run, would remove)."""
+
+    sessions: int
+    events: int
+    dry_run: bool
+
+
+async def prune(
+    store: EventStore,
+    *,
+    before_ms: int,
+    status: PruneStatus = "any",
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> PruneReport:
+    """Erases every session whose last event is before ``before_ms`` (and, unless ``any``, whose status
+    is ``status``); ``progress(done, total)`` after each session."""
+    found = await store.sessions(
+        until_ms=before_ms, status=None if status == "any" else status, order="session", descending=False
+    )
+    found = [info for info in found if info.last_at_ms is not None and info.last_at_ms < before_ms]
+    if dry_run:
+        return PruneReport(len(found), sum(info.last_seq for info in found), True)
+    events = 0
+    for done, info in enumerate(found, 1):
+        events += await store.erase(info.session)
+        if progress is not None:
+            progress(done, len(found))
+    return PruneReport(len(found), events, False)

@@ -1,0 +1,182 @@
+"""Erasure and retention (SPEC section 6), on SQLite and PostgreSQL: a session erased in one transaction,
+a tombstone without content, and nothing that can bring it back (an append, a recorder, a re-import)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+from eventstore_support import started, text
+
+from calltape.errors import SessionErased, SessionNotFound
+from calltape.events import make_event
+from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.recorder import Recorder
+from calltape.eventstore.retention import prune
+from calltape.projections import snapshot_now
+
+
+async def test_erase_removes_everything_and_leaves_a_tombstone(store: EventStore, session_id: str) -> None:
+    other = f"{session_id}-kept"
+    await store.append([started(session_id), text(session_id, "my card is 4242"), started(other)])
+    await snapshot_now(store, session_id)
+    assert await store.erase(session_id) == 2
+    assert await store.read(session_id) == []
+    assert await store.session_info(session_id) is None
+    assert await store.load_snapshot(session_id, 1) is None and await store.load_snapshot(session_id, 2) is None
+    tomb = await store.tombstone(session_id)
+    assert tomb is not None and tomb.events == 2 and tomb.session == session_id
+    assert [e.type for e in await store.read(other)] == ["session.started"]  # the others are untouched
+    assert await store.erase(session_id) == 0  # erasing again: nothing left, no error
+    with pytest.raises(SessionNotFound):
+        await store.erase(f"{session_id}-never")
+
+
+async def test_an_erased_session_cannot_come_back(store: EventStore, session_id: str) -> None:
+    await store.append([started(session_id)])
+    await store.erase(session_id)
+    with pytest.raises(SessionErased) as info:
+        await store.append([started(session_id)])
+    assert "erased" in str(info.value)
+    neighbour = f"{session_id}-n"
+    with pytest.raises(SessionErased):  # a batch touching an erased session writes nothing at all
+        await store.append([started(neighbour), text(session_id, "late webhook")])
+    assert await store.session_info(neighbour) is None
+    assert await store.read(session_id) == []
+
+
+async def test_the_recorder_sends_an_erased_sessions_events_to_on_rejected(store: EventStore, session_id: str) -> None:
+    await store.append([started(session_id)])
+    await store.erase(session_id)
+    rejected: list[tuple[str, Exception]] = []
+    live = f"{session_id}-live"
+    rec = await Recorder(store, on_rejected=lambda evs, err: rejected.extend((e.session, err) for e in evs)).start()
+    try:
+        rec.emit(text(session_id, "zombie"))
+        rec.emit(started(live))
+        await asyncio.wait_for(rec.flush(), 10)
+    finally:
+        await rec.close()
+    assert [s for s, _ in rejected] == [session_id] and isinstance(rejected[0][1], SessionErased)
+    assert await store.read(session_id) == []
+    assert [e.type for e in await store.read(live)] == ["session.started"]
+
+
+async def test_prune_by_age_and_status(store: EventStore, session_id: str) -> None:
+    old, old_active, new = f"{session_id}-old", f"{session_id}-old-active", f"{session_id}-new"
+    await store.append(
+        [
+            make_event(old, "session.started", {"agent": "a"}, at_ms=1_000),
+            make_event(old, "session.ended", {}, at_ms=2_000),
+            make_event(old_active, "session.started", {"agent": "a"}, at_ms=1_000),
+            make_event(new, "session.started", {"agent": "a"}),
+        ]
+    )
+    dry = await prune(store, before_ms=10_000, status="ended", dry_run=True)
+    assert (dry.sessions, dry.events, dry.dry_run) == (1, 2, True)
+    assert await store.session_info(old) is not None  # a dry run removes nothing
+    done = await prune(store, before_ms=10_000, status="ended")
+    assert (done.sessions, done.events) == (1, 2)
+    assert await store.session_info(old) is None and await store.tombstone(old) is not None
+    assert await store.session_info(old_active) is not None  # not ended: kept by --status ended
+    everything = await prune(store, before_ms=10_000)
+    assert everything.sessions == 1 and await store.session_info(new) is not None
+
+
+def test_cli_delete_then_reimport_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/calls.db"
+    calltape = [str(Path(sys.executable).with_name("calltape")), "--db", db]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*calltape, *args], capture_output=True, text=True, timeout=120)
+
+    async def record() -> None:
+        s = await open_store(db)
+        await s.append([started("call-del"), text("call-del", "hello"), started("call-keep")])
+        await s.close()
+
+    asyncio.run(record())
+    export = tmp_path / "all.jsonl"
+    export.write_text(run("export", "call-del").stdout + run("export", "call-keep").stdout)
+    deleted = run("delete", "call-del", "--yes", "--json")
+    assert deleted.returncode == 0, deleted.stderr
+    assert orjson.loads(deleted.stdout) == [{"session": "call-del", "events": 2}]
+    again = run("import", str(export))
+    assert again.returncode != 0 and "erased" in again.stderr and "Traceback" not in again.stderr
+    assert run("export", "call-del").returncode != 0
+    pruned = run("prune", "--older-than", "30d", "--dry-run", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert orjson.loads(pruned.stdout)["sessions"] == 0
+    bad = run("prune", "--older-than", "soon")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+async def _at_revision_0001(url: str) -> None:
+    """A v0.1 database: migrated only as far as the first revision, as v0.1 left it."""
+    from alembic import command
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from calltape.eventstore import resolve_url
+    from calltape.migrations import alembic_config
+
+    engine = create_async_engine(resolve_url(url))
+    try:
+        async with engine.begin() as conn:
+
+            def run(sync_conn: object) -> None:
+                cfg = alembic_config()
+                cfg.attributes["connection"] = sync_conn
+                command.upgrade(cfg, "0001")
+
+            await conn.run_sync(run)
+    finally:
+        await engine.dispose()
+
+
+async def _upgrades_in_place(url: str) -> None:
+    from calltape.eventstore import upgrade
+
+    await _at_revision_0001(url)
+    assert await upgrade(url) == ("0001", "0002")
+    store = await open_store(url)
+    try:
+        await store.append([started("kept"), text("kept", "hello")])
+        assert await store.erase("kept") == 2
+        with pytest.raises(SessionErased):
+            await store.append([started("kept")])
+    finally:
+        await store.close()
+
+
+async def test_a_v01_sqlite_database_upgrades_in_place(tmp_path: Path) -> None:
+    await _upgrades_in_place(f"sqlite:///{tmp_path}/v01.db")
+
+
+async def test_a_v01_postgres_database_upgrades_in_place(empty_pg_url: str) -> None:
+    await _upgrades_in_place(empty_pg_url)
+
+
+@pytest.fixture
+async def empty_pg_url(pg_admin_url: str) -> AsyncIterator[str]:
+    import uuid
+
+    from eventstore_support import raw_pg
+    from sqlalchemy.engine import make_url
+
+    name = f"calltape_v01_{uuid.uuid4().hex[:10]}"
+    admin = await raw_pg(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    admin = await raw_pg(pg_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
