@@ -224,13 +224,16 @@ class _Demo:
         zombie.emit("agent.speech.progress", {"reply": "r2", "heard": HEARD_2})
         self.say("agent", REPLY_2, "white")
 
+        asked = asyncio.Event()
+
         async def update_booking(progress: Any) -> dict[str, Any]:
             progress({"step": "change_requested", "reference": "BK-1042"}, "asked the restaurant for 4 seats")
+            asked.set()
             await release.wait()  # frozen: a GC pause, a hung socket, a stuck event loop…
             return {"reference": "BK-1042", "people": 4}
 
         task = asyncio.create_task(zombie.run_tool("call_update", "update_booking", arguments, update_booking))
-        await asyncio.sleep(0.1)
+        await asked.wait()  # the tool has started and reported progress (however slow the machine is)
         self.info("→ update_booking(reference=BK-1042, people=4) started; playout cut after: " + repr(HEARD_2))
         return task
 
