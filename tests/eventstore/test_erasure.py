@@ -68,23 +68,26 @@ async def test_the_recorder_sends_an_erased_sessions_events_to_on_rejected(store
 
 
 async def test_prune_by_age_and_status(store: EventStore, session_id: str) -> None:
+    # Other tests share the PostgreSQL database: these sessions are older than anything they write.
+    ancient = -(10**12)
     old, old_active, new = f"{session_id}-old", f"{session_id}-old-active", f"{session_id}-new"
     await store.append(
         [
-            make_event(old, "session.started", {"agent": "a"}, at_ms=1_000),
-            make_event(old, "session.ended", {}, at_ms=2_000),
-            make_event(old_active, "session.started", {"agent": "a"}, at_ms=1_000),
-            make_event(new, "session.started", {"agent": "a"}),
+            make_event(old, "session.started", {"agent": "a"}, at_ms=ancient),
+            make_event(old, "session.ended", {}, at_ms=ancient + 1_000),
+            make_event(old_active, "session.started", {"agent": "a"}, at_ms=ancient),
+            make_event(new, "session.started", {"agent": "a"}, at_ms=ancient + 50_000),
         ]
     )
-    dry = await prune(store, before_ms=10_000, status="ended", dry_run=True)
+    cutoff = ancient + 10_000
+    dry = await prune(store, before_ms=cutoff, status="ended", dry_run=True)
     assert (dry.sessions, dry.events, dry.dry_run) == (1, 2, True)
     assert await store.session_info(old) is not None  # a dry run removes nothing
-    done = await prune(store, before_ms=10_000, status="ended")
+    done = await prune(store, before_ms=cutoff, status="ended")
     assert (done.sessions, done.events) == (1, 2)
     assert await store.session_info(old) is None and await store.tombstone(old) is not None
     assert await store.session_info(old_active) is not None  # not ended: kept by --status ended
-    everything = await prune(store, before_ms=10_000)
+    everything = await prune(store, before_ms=cutoff)
     assert everything.sessions == 1 and await store.session_info(new) is not None
 
 
