@@ -40,6 +40,7 @@ BEGIN SELECT RAISE(ABORT, 'calltape: session erased'); END
 
 
 def upgrade() -> None:
+    """Adds the tombstones and the trigger that refuses a session id once it has one."""
     op.create_table(
         "ct_tombstones",
         sa.Column("session", sa.Text, primary_key=True),
@@ -54,6 +55,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Removes the guard and the tombstones (erased sessions could then be written again)."""
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER ct_sessions_not_erased ON ct_sessions")
         op.execute("DROP FUNCTION ct_refuse_erased()")
