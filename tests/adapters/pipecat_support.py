@@ -274,19 +274,29 @@ def build_voice_bot(
     extra: Sequence[FrameProcessor] = (),
     after_output: Sequence[FrameProcessor] = (),
     llm_timeout: float | None = None,
+    user_mute_strategies: Sequence[Any] = (),
+    user_turn_start: Sequence[Any] | None = None,
+    output: bool = True,
 ) -> VoiceBot:
-    """Builds the idiomatic cascade pipeline (transcripts are pushed in as frames, no STT)."""
+    """Builds the idiomatic cascade pipeline (transcripts are pushed in as frames, no STT).
+
+    ``output=False`` builds a text pipeline (no TTS, no output transport)."""
     context = LLMContext(messages=messages or [{"role": "system", "content": "You are a test bot."}])
     pair = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
-            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)]),
+            user_turn_strategies=UserTurnStrategies(
+                start=list(user_turn_start) if user_turn_start is not None else None,
+                stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)],
+            ),
             user_turn_stop_timeout=0.3,
+            user_mute_strategies=list(user_mute_strategies),
         ),
     )
     tts = ScriptedTTS(word_secs=word_secs)
-    output = NullOutputTransport()
-    pipeline = Pipeline([pair.user(), llm, tts, *extra, output, *after_output, pair.assistant()])
+    transport = NullOutputTransport()
+    playout: list[FrameProcessor] = [tts, *extra, transport, *after_output] if output else []
+    pipeline = Pipeline([pair.user(), llm, *playout, pair.assistant()])
     worker = PipelineWorker(
         pipeline,
         observers=list(observers or []),
@@ -295,7 +305,7 @@ def build_voice_bot(
         enable_rtvi=False,
         enable_turn_tracking=False,
     )
-    return VoiceBot(llm, tts, output, context, pair, worker, WorkerRunner())
+    return VoiceBot(llm, tts, transport, context, pair, worker, WorkerRunner())
 
 
 async def eventually(
