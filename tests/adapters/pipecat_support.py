@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,32 @@ from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
 SAMPLE_RATE = 16000
+
+
+def _offline_sentences() -> None:
+    """Pipecat < 1.11 splits TTS text into sentences with NLTK, whose ``punkt_tab`` data it downloads at
+    run time; offline, split at sentence punctuation instead (no network in tests)."""
+    from pipecat.utils import string as pipecat_string
+
+    loader = getattr(pipecat_string, "_sent_tokenizer", None)
+    if loader is None or inspect.signature(loader).parameters:  # >= 1.11: a bundled splitter
+        return
+    try:
+        import nltk
+
+        nltk.data.find("tokenizers/punkt_tab")
+    except LookupError:
+        import re
+
+        def split(text: str) -> list[str]:
+            return [s for s in re.split(r"(?<=[.!?;])\s+", text) if s]
+
+        pipecat_string._sent_tokenizer = lambda: split  # type: ignore[attr-defined]
+    except ImportError:
+        return
+
+
+_offline_sentences()
 
 LIVE_BOTS: list[VoiceBot] = []
 """Pipelines started by the current test (a fixture stops what a failing test left running)."""

@@ -13,8 +13,9 @@ How each OpenAI-shaped message maps onto the log:
 
 An update or a transform gives the whole new list: it is compared with calltape's current context
 and only what it adds is recorded. A new system prompt becomes ``agent.instructions``. A list that
-rewrites history (drops or edits earlier turns) cannot be expressed in an append-only log; the new
-tail is recorded and ``x.pipecat.context_rewritten`` says how many earlier items the app replaced.
+rewrites history (drops or edits earlier turns) cannot be expressed in an append-only log: calltape
+keeps the history, records the messages the rewrite adds, and ``x.pipecat.context_rewritten`` says
+how many earlier items the app replaced.
 """
 
 from __future__ import annotations
@@ -82,9 +83,12 @@ class MessageRecorder:
         kept = 0
         while kept < min(len(current), len(new)) and _same(current[kept], new[kept]):
             kept += 1
+        tail = new[kept:]
         if kept < len(current):
             self.replies.emit(REWRITTEN_EVENT, {"replaced": len(current) - kept, "kept": kept})
-        for message in new[kept:]:
+            # Only what the rewrite really adds: messages calltape already holds stay where they are.
+            tail = [m for m in tail if not any(_same(m, c) for c in current[kept:])]
+        for message in tail:
             self._record(message)
 
     def _record(self, message: Mapping[str, Any]) -> None:

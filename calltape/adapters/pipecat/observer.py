@@ -15,6 +15,7 @@ through the generated text.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import deque
 from collections.abc import Mapping
@@ -56,6 +57,9 @@ from calltape.adapters.replies import ReplyTracker
 
 log = logging.getLogger("calltape.adapters.pipecat")
 
+# Pipecat >= 1.11 tells observers about every hop only when asked; 1.10 always does.
+_EVERY_PUSH = "observe_every_push" in inspect.signature(BaseObserver.__init__).parameters
+
 _INJECTED = (LLMMessagesAppendFrame, LLMMessagesUpdateFrame, LLMMessagesTransformFrame)
 
 
@@ -93,7 +97,7 @@ class CalltapeObserver(BaseObserver):
     ) -> None:
         # Every push, not only the first: the output transport passes on TTSTextFrames it did not
         # create, and that hop is the moment the user heard them.
-        super().__init__(observe_every_push=True)
+        super().__init__(**({"observe_every_push": True} if _EVERY_PUSH else {}))
         self.call = call
         self.replies = ReplyTracker(call)
         self._shared = shared(call)
@@ -101,6 +105,7 @@ class CalltapeObserver(BaseObserver):
         self._on_end = on_end
         self._on_cancel = on_cancel
         self._siblings: deque[int] = deque(maxlen=512)
+        self._pushed: dict[int, None] = {}
         self._taken: deque[int] = deque(maxlen=512)
         self._playouts: dict[str, _Playout] = {}
         self._frame_reply: dict[int, str] = {}
@@ -154,7 +159,7 @@ class CalltapeObserver(BaseObserver):
                 self._on_transport_push(frame)
             if MUTE_FRAMES and isinstance(frame, MUTE_FRAMES) and isinstance(data.source, LLMUserAggregator):
                 self.user.mute_changed(data.source, frame)
-            if data.first_push and not self._is_sibling(frame):
+            if self._first_push(data) and not self._is_sibling(frame):
                 self._on_frame(frame)
         except Exception:  # a recording bug must never break a live call
             log.exception("calltape: failed to record %s", getattr(data.frame, "name", data.frame))
@@ -179,6 +184,19 @@ class CalltapeObserver(BaseObserver):
             log.exception("calltape: could not settle the session")
 
     # -- dedupe --------------------------------------------------------------------------------
+
+    def _first_push(self, data: FramePushed) -> bool:
+        """Pipecat >= 1.11 says whether a push is a frame's first hop; before, every hop looks alike."""
+        first = getattr(data, "first_push", None)
+        if first is not None:
+            return bool(first)
+        frame_id = data.frame.id
+        if frame_id in self._pushed:
+            return False
+        self._pushed[frame_id] = None
+        if len(self._pushed) > 4096:
+            self._pushed.pop(next(iter(self._pushed)))
+        return True
 
     def _is_sibling(self, frame: Frame) -> bool:
         """A broadcast frame comes as two instances (one each way); record it once."""
@@ -334,6 +352,18 @@ class CalltapeObserver(BaseObserver):
         if self._guarded(frame.function_name):
             return  # the guard commits tool.started itself, and only if the body really runs
         self._started_calls.add(frame.tool_call_id)
+        if self.replies.view().tool_call(frame.tool_call_id) is None:
+            # Announced without a FunctionCallsStartedFrame (an app or a service pushing the in-progress
+            # frame itself): the call is what the in-progress frame says.
+            rid = self._generating or self.replies.current
+            data: dict[str, Any] = {
+                "call": frame.tool_call_id,
+                "name": frame.function_name,
+                "arguments": jsonable(dict(frame.arguments or {})),
+            }
+            if rid:
+                data["reply"] = rid
+            self._emit("tool.call", data)
         self._emit("tool.started", {"call": frame.tool_call_id})
 
     def _tool_result(self, frame: FunctionCallResultFrame) -> None:
