@@ -12,7 +12,12 @@ One concept per module:
   every handler under ``call.run_tool``; :func:`register_function` is the explicit form.
 * :mod:`.live` — the live ``LLMContext`` is reconciled with the log before every inference.
 * :mod:`.seed` — :func:`context_messages` / :func:`seed_llm_context` for a resumed or handed-off call.
-* :mod:`.attach` — :func:`attach` wires all of it onto a pipeline in one call.
+* :mod:`.attach` — :func:`attach` wires all of it onto a pipeline in one call; :func:`connect` is
+  :func:`calltape.connect`, re-exported so attaching takes one import::
+
+      from calltape.adapters.pipecat import attach, connect
+      async with connect("sqlite:///calls.db") as ct:
+          call = await attach(ct, worker, "call-42")
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.seed import context_messages, seed_llm_context
 from calltape.adapters.pipecat.shared import SUPPORTED_PIPECAT
 from calltape.adapters.pipecat.tools import guard, register_function
+from calltape.client import connect
 
 __all__ = [
     "SUPPORTED_PIPECAT",
     "CalltapeObserver",
     "attach",
+    "connect",
     "context_messages",
     "guard",
     "modality_of",

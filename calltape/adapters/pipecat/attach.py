@@ -22,8 +22,9 @@ from calltape.adapters.pipecat.live import LiveReconciler
 from calltape.adapters.pipecat.messages import message_text
 from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.tools import guard, unguarded_tools
+from calltape.client import Calltape
 from calltape.errors import CalltapeError
-from calltape.runtime import ToolSpec
+from calltape.runtime import CallSession, ToolSpec
 
 
 def processors(root: Any) -> Iterator[FrameProcessor]:
@@ -62,7 +63,7 @@ def instructions_of(root: Any) -> str | None:
 
 
 async def attach(
-    calltape: Any,
+    calltape: Calltape,
     worker: Any,
     session_id: str,
     *,
@@ -72,7 +73,7 @@ async def attach(
     on_end: Literal["end", "none"] = "end",
     on_cancel: Literal["drop", "end", "none"] = "drop",
     **start: Any,
-) -> Any:
+) -> CallSession:
     """Starts ``session_id`` on ``calltape`` (a :func:`calltape.connect` object) and records ``worker``
     (a ``PipelineWorker``) into it; returns the call.
 
