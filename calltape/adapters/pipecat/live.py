@@ -88,6 +88,7 @@ class LiveReconciler:
 
     @staticmethod
     def reconcile(context: Any, call: Any) -> int:
+        """Rewrites each tool message of ``context`` whose call the log settled differently."""
         fold = getattr(call, "fold", None)
         if fold is None or not hasattr(context, "get_messages"):
             return 0

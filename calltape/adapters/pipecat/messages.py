@@ -48,6 +48,7 @@ class MessageRecorder:
 
     @property
     def fold(self) -> Any:
+        """The live fold (held events included) the mapping reads."""
         return self.replies.view()
 
     def current(self) -> list[dict[str, Any]]:

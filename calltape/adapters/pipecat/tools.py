@@ -196,6 +196,7 @@ class GuardedFunction:
                 setattr(self, attr, getattr(handler, attr))
 
     async def __call__(self, params: FunctionCallParams) -> None:
+        """Runs one call under ``call.run_tool`` and reports its one outcome to Pipecat."""
         call_id = params.tool_call_id
         reply = await self._announced(params)
         self.shared.guard_entered.add(call_id)

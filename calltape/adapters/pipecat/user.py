@@ -64,6 +64,7 @@ class UserInput:
             self.muted[id(aggregator)] = isinstance(frame, MUTE_FRAMES[0])
 
     def is_muted(self, aggregator: Any) -> bool:
+        """Whether ``aggregator`` drops user input right now."""
         return self.muted.get(id(aggregator), False)
 
     def dropped(self, frame: Frame) -> None:
