@@ -72,6 +72,7 @@ class ToolRunner:
         reply: str | None = None,
         spec: ToolSpec | None = None,
     ) -> ToolOutcome:
+        """Runs one tool call under the log's protection (see :meth:`CallSession.run_tool`)."""
         spec = spec or self.call.tools.get(name) or ToolSpec()
         pending = self._results.get(call_id)
         if pending is not None:  # the same call asked again while it runs: wait for the one run
