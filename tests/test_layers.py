@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "calltape.server": 4,
     "calltape.demo": 4,
     "calltape.cli": 5,
-    "calltape.client": 6,  # calltape.connect(): the facade that wires store, recorder and calls together
+    "calltape.client": 4,  # calltape.connect(): wires store, recorder and calls; adapters may build on it
     "calltape": 6,  # the root re-exports everything (lazily): importing it from inside is importing the top
 }
 """Lower layers never import higher ones: errors/events < eventstore < projections < runtime <
