@@ -135,10 +135,12 @@ class ContextFold:
         "_count",
         "_cur_user",
         "_flags",
+        "_frozen",
         "_generating",
         "_interim",
         "_items",
         "_last_reply",
+        "_ncalls",
         "_open_calls",
         "_replies",
         "_seen",
@@ -180,6 +182,9 @@ class ContextFold:
         self._generating: set[str] = set()
         self._unheard: set[str] = set()
         self._open_calls: set[str] = set()
+        self._ncalls = 0
+        # the settled prefix of the items, kept as bytes once a snapshot was taken or restored
+        self._frozen: _snapshot.Frozen | None = None
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -200,6 +205,9 @@ class ContextFold:
         if handler is None:
             self.counters["skipped"] += 1
         else:
+            frozen = self._frozen
+            if frozen is not None and (event.type == "session.started" or frozen.names(event.data)):
+                _snapshot.thaw(self)
             try:
                 handler(self, event.data, seq)
             except (KeyError, TypeError, AttributeError):
@@ -243,6 +251,9 @@ class ContextFold:
                 if handler is None:
                     counters["skipped"] += 1
                 else:
+                    frozen = self._frozen
+                    if frozen is not None and (event.type == "session.started" or frozen.names(event.data)):
+                        _snapshot.thaw(self)
                     try:
                         handler(self, event.data, seq)
                     except (KeyError, TypeError, AttributeError):
@@ -305,24 +316,32 @@ class ContextFold:
 
     def tool_calls(self) -> list[ToolCallState]:
         """Every known call (excluded ones too, ``included=False``), in ``tool.call`` order."""
+        _snapshot.thaw(self)
         return [call_state(c) for c in self._calls.values()]
 
     def tool_call(self, call_id: str) -> ToolCallState | None:
         """One call's state (the runtime's exactly-once and never-start checks)."""
         c = self._calls.get(call_id)
+        if c is None and self._frozen is not None and call_id in self._frozen.calls:
+            _snapshot.thaw(self)
+            c = self._calls.get(call_id)
         return None if c is None else call_state(c)
 
     def reply_state(self, reply: str) -> ReplyState | None:
         """One reply's state (the runtime's interruption-aware waits); None: never seen."""
         r = self._replies.get(reply)
+        if r is None and self._frozen is not None and reply in self._frozen.replies:
+            _snapshot.thaw(self)
+            r = self._replies.get(reply)
         return None if r is None else self._reply_state(r)
 
     def replies(self) -> list[ReplyState]:
         """Every reply, in the order they began (anonymous ones have ids starting with NUL)."""
+        _snapshot.thaw(self)
         return [self._reply_state(item) for item in self._items if isinstance(item, Reply)]
 
     def open_replies(self) -> list[ReplyState]:
-        """Replies that keep the state unclean: still generating or waiting to be heard."""
+        """Replies that keep the state unclean: still generating or waiting to be heard (never frozen)."""
         return [
             self._reply_state(item)
             for item in self._items
@@ -340,6 +359,8 @@ class ContextFold:
     def native(self) -> dict[str, Any]:
         """The ``native`` context (SPEC section 2, Formats)."""
         items = [_native.system_item(self.instructions)]
+        if self._frozen is not None:
+            items.extend(self._frozen.native())
         pending: list[dict[str, Any]] = []
         _native.items_json(self._items, items, pending)
         return {
@@ -592,7 +613,8 @@ class ContextFold:
             r = self._last_reply
         else:
             r = self._reply(f"\x00call:{cid}", seq, done=True)
-        c = Call(cid, name, arguments, r, seq, not r.interrupted, len(self._calls))
+        c = Call(cid, name, arguments, r, seq, not r.interrupted, self._ncalls)
+        self._ncalls += 1
         self._calls[cid] = c
         r.calls.append(c)
         self._refresh_call(c)
@@ -632,8 +654,16 @@ class ContextFold:
     # -- snapshots (the codec is :mod:`calltape.projections.snapshot`) ----------------------
 
     def to_snapshot(self) -> bytes:
-        """The fold state (but the seen ids, see the module docstring) as bytes."""
+        """The fold state (but the seen ids, see the module docstring) as bytes.
+
+        The settled items get frozen on the way (kept as rendered bytes, see
+        :mod:`calltape.projections.snapshot`); nothing a caller can observe changes.
+        """
         return _snapshot.encode(self)
+
+    def capture(self) -> _snapshot.Captured:
+        """The snapshot of this instant, encoded only when :meth:`Captured.to_bytes` is called."""
+        return _snapshot.capture(self)
 
     @classmethod
     def from_snapshot(cls, blob: bytes) -> ContextFold:
