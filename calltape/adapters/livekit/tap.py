@@ -19,6 +19,11 @@ Mapping notes (why the tap looks where it looks):
   answers the LLM twice in LiveKit's context: the update under the call id, the real result under a
   second call LiveKit adds later. calltape keeps one call with one output: the update is
   ``tool.progress``, the later real result is the ``tool.result``.
+* User turns are the ones LiveKit commits to its context (``conversation_item_added`` with a user
+  message), recorded with LiveKit's text; STT results before that are only the pending interim.
+  Speech LiveKit discards (over a reply that cannot be interrupted) never becomes a calltape user
+  turn, and a transcript LiveKit splits over two turns (a slow ``on_user_turn_completed`` while the
+  user keeps talking) is recorded once.
 * The assistant message carries ``interrupted`` and, when interrupted, the synchronized transcript:
   what the user heard. That is recorded as ``agent.speech.ended.heard``.
 """
@@ -102,6 +107,10 @@ class LiveKitTap:
         """Calls that ended before LiveKit reported the output it keeps for them."""
         self._user_finals: list[str] = []
         """Final transcripts of the user turn LiveKit has not committed yet."""
+        self._interim = ""
+        """The pending user text last recorded (an interim ``user.transcript``)."""
+        self._heard_user = False
+        """STT gave something since the agent's last reply began: a committed turn is spoken."""
         self._user_speaking = False
         self._agent: str | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -172,6 +181,7 @@ class LiveKitTap:
         self._close_reply(sp)
         sp.step, sp.reply = step, f"{sp.handle.id}_{step}"
         self._last = sp
+        self._heard_user = False
         self._emit("agent.reply.started", {"reply": sp.reply, "speech_id": sp.handle.id, "step": step})
         return sp.reply
 
@@ -230,6 +240,11 @@ class LiveKitTap:
             self._track(ev.speech_handle)
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.new_state == "listening" and ev.old_state == "speaking" and not self._user_speaking:
+            if self._user_finals:
+                # the user spoke while the agent did and LiveKit took no turn of it
+                self._drop_pending_user()
+            return
         if ev.new_state != "speaking":
             return
         sp = self._speech(self.session.current_speech)
@@ -246,12 +261,29 @@ class LiveKitTap:
     # -- user -----------------------------------------------------------------------------------
 
     def _on_transcribed(self, ev: UserInputTranscribedEvent) -> None:
+        """STT results are what the user is saying, not yet a turn: recorded as the pending interim
+        (finals so far plus the latest interim). The turn is recorded when LiveKit commits it."""
         text = ev.transcript.strip()
-        if not text and not ev.is_final:
-            return
+        self._heard_user = self._heard_user or bool(text)
         if ev.is_final:
-            self._user_finals.append(text)
-        self._emit("user.transcript", {"text": ev.transcript, "final": ev.is_final})
+            if text:
+                self._user_finals.append(text)
+            pending = " ".join(self._user_finals)
+        else:
+            pending = " ".join([*self._user_finals, text]) if text else ""
+        if pending or self._interim:
+            self._set_interim(pending)
+
+    def _set_interim(self, text: str) -> None:
+        if text != self._interim:
+            self._interim = text
+            self._emit("user.transcript", {"text": text, "final": False})
+
+    def _drop_pending_user(self) -> None:
+        """LiveKit did not take what the user said as a turn (speech over a reply that cannot be
+        interrupted, scheduling paused): it was never a turn, so it stops being pending."""
+        self._user_finals = []
+        self._set_interim("")
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking" and not self._user_speaking:
@@ -274,11 +306,16 @@ class LiveKitTap:
             self._on_handoff(item)
 
     def _on_user_message(self, msg: llm.ChatMessage) -> None:
-        spoken, self._user_finals = self._user_finals, []
+        """A user turn LiveKit committed to its context: recorded once, as LiveKit keeps it.
+
+        A spoken turn is the final transcript (LiveKit's text: what it joined, what
+        ``on_user_turn_completed`` left), a typed or injected one ``user.text``."""
+        text = (msg.text_content or "").strip()
+        spoken = self._heard_user
+        self._user_finals, self._interim = [], ""
         if spoken:
-            return  # the committed turn repeats the final transcripts already recorded
-        text = msg.text_content or ""
-        if text.strip():
+            self._emit("user.transcript", {"text": text, "final": True})
+        elif text:
             self._emit("user.text", {"text": text})
 
     def _on_assistant_message(self, msg: llm.ChatMessage) -> None:
@@ -412,6 +449,8 @@ class LiveKitTap:
 
     def _on_close(self, ev: CloseEvent) -> None:
         self._flush_ended()
+        if self._interim:
+            self._drop_pending_user()
         reason = ev.reason.value if hasattr(ev.reason, "value") else str(ev.reason)
         dropped = ev.error is not None or reason in _DROP_REASONS
         method = getattr(self.call, "drop" if dropped else "end", None)
