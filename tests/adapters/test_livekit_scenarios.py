@@ -18,11 +18,13 @@ import pytest
 pytest.importorskip("livekit.agents")
 
 from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
+from livekit.agents.voice import speech_handle as lk_speech_handle
+from livekit.agents.voice.events import ToolCallEnded
 
-from calltape.adapters.livekit import attach
+from calltape.adapters.livekit import attach, guarded
 from calltape.eventstore import EventStore
 from calltape.projections import build_context
-from calltape.runtime import CallSession
+from calltape.runtime import CallSession, ToolSpec
 from tests.adapters.livekit_support import (
     ScriptedLLM,
     Step,
@@ -231,3 +233,127 @@ async def test_handoff_by_tool(store: EventStore, session_id: str) -> None:
     assert handoffs == [("triage", "billing")]
     assert native["items"][0]["content"] == "You handle billing."
     assert call.agent == native["agent"] == "billing"
+
+
+# -------------------------------------------------------------------------------------------------
+# Live reconciliation (issue 11): a guarded `finish` tool landing after a barge-in
+
+
+def dangling_calls(chat_ctx: llm.ChatContext) -> list[str]:
+    """Calls not followed by their one output before the next message (what a provider rejects)."""
+    items = [i for i in chat_ctx.items if isinstance(i, (llm.ChatMessage, llm.FunctionCall, llm.FunctionCallOutput))]
+    bad: list[str] = []
+    for n, item in enumerate(items):
+        if not isinstance(item, llm.FunctionCall):
+            continue
+        outputs = 0
+        for later in items[n + 1 :]:
+            if isinstance(later, llm.ChatMessage):
+                break
+            if isinstance(later, llm.FunctionCallOutput) and later.call_id == item.call_id:
+                outputs += 1
+        if outputs != 1:
+            bad.append(item.call_id)
+    return bad
+
+
+async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(store: EventStore, session_id: str) -> None:
+    runs: list[str] = []
+
+    class GuardedBooker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        @guarded
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table."""
+            runs.append(when)
+            await asyncio.sleep(1.5)
+            return f"booked {when}"
+
+    script = [
+        Utterance(0.2, 0.7, "A table at seven please."),
+        Utterance(1.3, 1.8, "And is there parking?"),
+        Utterance(3.6, 4.0, "Thanks a lot."),
+    ]
+    llm_ = ScriptedLLM(
+        [
+            Step(
+                "One moment please, I am booking that table for you right now.", [("call_1", "book", {"when": "7pm"})]
+            ),
+            Step("Parking is free."),
+            Step("You are welcome."),
+        ]
+    )
+    session, _, native = await run_call(store, session_id, script, llm_, GuardedBooker(), seconds=5.5)
+    assert runs == ["7pm"]
+    cut = [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
+    assert len(cut) == 1  # the barge-in cut the preamble while the tool ran
+    # every inference LiveKit ran saw each call with exactly one output right after it
+    assert [dangling_calls(ctx) for ctx in llm_.seen] == [[] for _ in llm_.seen]
+    # the inference after the tool landed (the caller's thanks) had its real output
+    last = llm_.seen[-1]
+    assert ("user", "Thanks a lot.") in livekit_turns(last)
+    assert [(o.call_id, o.output) for o in last.items if isinstance(o, llm.FunctionCallOutput)] == [
+        ("call_1", "booked 7pm")
+    ]
+    assert dangling_calls(session.history) == []
+    assert calltape_calls(native) == {"call_1": ("book", "booked 7pm")} == livekit_calls(session.history)
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+async def test_guarded_tool_released_at_the_cap_has_its_real_output_in_the_live_context(
+    store: EventStore, session_id: str
+) -> None:
+    cap = lk_speech_handle.INTERRUPTION_TIMEOUT
+    ended: list[ToolCallEnded] = []
+    running = asyncio.Event()
+
+    class SlowBooker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        @guarded(spec=ToolSpec(timeout=cap + 5))
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table (a slow provider)."""
+            running.set()
+            await asyncio.sleep(cap + 0.5)
+            return f"booked {when}"
+
+    preamble = "Booking your table now, this takes a moment, please stay on the line."
+    calls = [("call_1", "book", {"when": "7pm"})]
+    # the call comes first and the preamble plays slowly: the barge-in cuts the speech while the tool runs
+    llm_ = ScriptedLLM([Step(preamble, calls, calls_first=True, word_delay=0.2), Step("Still booking."), Step("Done.")])
+    recorder, call = await start_call(store, session_id, agent="booker", instructions="You book tables.")
+    session: AgentSession[Any] = AgentSession(llm=llm_)
+    session.on(
+        "tool_execution_updated", lambda ev: ended.append(ev.update) if isinstance(ev.update, ToolCallEnded) else None
+    )
+    tap = attach(session, call)
+    await session.start(SlowBooker())
+    session.generate_reply(user_input="book at 7")
+    await running.wait()
+    session.interrupt()
+    for _ in range(int((cap + 3) / 0.05)):
+        if ended and len(llm_.seen) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert ended and ended[0].id != "call_1"  # upstream: released at the cap, the result came later
+    live = [
+        o.output
+        for o in session.current_agent.chat_ctx.items
+        if isinstance(o, llm.FunctionCallOutput) and o.call_id == "call_1"
+    ]
+    assert live == ["booked 7pm"]
+    last = llm_.seen[-1]
+    assert [o.output for o in last.items if isinstance(o, llm.FunctionCallOutput) and o.call_id == "call_1"] == [
+        "booked 7pm"
+    ]
+    await recorder.flush()
+    assert call.call_state("call_1") is not None and call.call_state("call_1").output == "booked 7pm"  # type: ignore[union-attr]
+    await session.aclose()
+    await tap.drain()
+    await recorder.close()

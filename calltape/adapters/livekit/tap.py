@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -394,8 +395,12 @@ class LiveKitTap:
 
     def _on_tool_ended(self, update: ToolCallEnded) -> None:
         call_id = update.call_id
-        if call_id in self._guarded_calls or self._settled(call_id):
+        if call_id in self._guarded_calls:
+            if update.id != call_id:
+                self._reconcile_released(call_id)
             return  # run_tool records guarded calls itself
+        if self._settled(call_id):
+            return
         if update.status == "cancelled":
             self._emit("tool.cancelled", {"call": call_id, "reason": "cancelled", "outcome": "unknown"})
             return
@@ -423,6 +428,7 @@ class LiveKitTap:
         self._emit("tool.result", data)
 
     def _on_tools_executed(self, ev: FunctionToolsExecutedEvent) -> None:
+        self._reconcile_late(ev)
         replies: set[str] = set()
         for fc, out in ev.zipped():
             self._record_call(fc, self._owner_of(fc.call_id))
@@ -437,6 +443,47 @@ class LiveKitTap:
         for sp in list(self._speeches.values()):
             if sp.reply in replies:
                 self.replies.done(sp.reply)
+
+    # -- live reconciliation of guarded calls ---------------------------------------------------
+
+    def _reconcile_late(self, ev: FunctionToolsExecutedEvent) -> None:
+        """Guarded calls that landed after a barge-in: their outputs go right after their calls.
+
+        LiveKit inserts the items of this event into the agent's live ``ChatContext`` by creation
+        time right after emitting it; an output made after the user spoke again would land after
+        the user's new message, separated from its call. Giving each output the time just after the
+        batch's last call puts it where calltape's context has it, before the next inference."""
+        pairs = [(fc, out) for fc, out in ev.zipped() if fc.call_id in self._guarded_calls]
+        if not pairs:
+            return
+        anchor = max(fc.created_at for fc, _ in pairs)
+        first_out = min(out.created_at for _, out in pairs)
+        batch = {id(x) for pair in pairs for x in pair}
+        try:
+            live = self.session.current_agent.chat_ctx.items
+        except RuntimeError:
+            return
+        if not any(anchor < item.created_at < first_out and id(item) not in batch for item in live):
+            return
+        for i, (_, out) in enumerate(pairs, start=1):
+            out.created_at = anchor + i * 1e-6
+
+    def _reconcile_released(self, call_id: str) -> None:
+        """A guarded call LiveKit released at its interruption cap has landed: the output LiveKit
+        gave it when it stopped waiting (its placeholder) becomes the real one, in the agent's live
+        context and the session history, before the reply that reports it is generated."""
+        state = self.replies.fold.tool_call(call_id)
+        if state is None or state.status in ("in_progress",):
+            return
+        output = state.output if isinstance(state.output, str) else json.dumps(state.output)
+        contexts: list[llm.ChatContext] = [self.session.history]
+        with contextlib.suppress(RuntimeError):
+            contexts.append(self.session.current_agent.chat_ctx)  # a view of the live items
+        for chat_ctx in contexts:
+            for item in chat_ctx.items:
+                if isinstance(item, llm.FunctionCallOutput) and item.call_id == call_id:
+                    item.output = output
+                    item.is_error = state.status == "error"
 
     def _flush_ended(self) -> None:
         """Calls that ended but whose LiveKit output never came (the session closed first)."""
