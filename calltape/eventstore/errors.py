@@ -30,6 +30,8 @@ def where(url: str) -> str:
     """The database named for a person, without the password."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
+        if (u.database or ":memory:") == ":memory:":
+            return "in-memory SQLite database"
         return f"SQLite file {u.database}"
     return f"PostgreSQL at {u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
 
