@@ -29,6 +29,7 @@ from tests.adapters.livekit_support import (
     ScriptedLLM,
     Step,
     Utterance,
+    before_1_8,
     calltape_calls,
     calltape_turns,
     livekit_calls,
@@ -257,6 +258,7 @@ def dangling_calls(chat_ctx: llm.ChatContext) -> list[str]:
     return bad
 
 
+@before_1_8
 async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(store: EventStore, session_id: str) -> None:
     runs: list[str] = []
 
@@ -303,6 +305,7 @@ async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(stor
     assert calltape_turns(native) == livekit_turns(session.history)
 
 
+@before_1_8
 async def test_guarded_tool_released_at_the_cap_has_its_real_output_in_the_live_context(
     store: EventStore, session_id: str
 ) -> None:

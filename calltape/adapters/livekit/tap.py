@@ -229,7 +229,8 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
-        cause = interrupt_cause(sp.handle) or "api"
+        # LiveKit >= 1.7 says how a speech was interrupted; before, a barge-in is the user speaking
+        cause = interrupt_cause(sp.handle) or ("user_speech" if self._user_speaking else "api")
         interrupt = getattr(self.call, "interrupt", None)
         if callable(interrupt) and not self.replies.holding:
             interrupt(reply=sp.reply, cause=cause)
