@@ -21,6 +21,7 @@ from calltape.cli.common import (
     compact_json,
     complete_format,
     completer,
+    database_url,
     duration,
     note,
     one_of,
@@ -33,6 +34,7 @@ from calltape.cli.common import (
     state,
     write_json,
 )
+from calltape.cli.dberrors import database_errors
 
 if TYPE_CHECKING:
     from calltape.events import Event
@@ -325,21 +327,20 @@ def serve(
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.
     Runs until Ctrl-C. Needs the serve extra: pip install 'calltape[serve]'.
     """
-    try:
+    from calltape.extras import requires_extra
+
+    with requires_extra("serve", "calltape serve"):
         from calltape.server import run_server
-    except ImportError as exc:
-        raise CliError(
-            f"calltape serve needs the serve extra ({exc.name} is missing): pip install 'calltape[serve]'"
-        ) from None
     from calltape.eventstore import open_store
 
-    url = state(ctx).db
+    url = database_url(ctx)
 
     async def check() -> None:  # fail fast, in the CLI's error style, before the server starts
         store = await open_store(url)
         await store.close()
 
-    run(check())
+    with database_errors(url):
+        run(check())
     out().print(f"Listening on http://{host}:{port} (Ctrl-C to stop).", style="dim")
     with contextlib.suppress(KeyboardInterrupt):
         run_server(
@@ -361,4 +362,6 @@ def demo(ctx: typer.Context) -> None:
     a crash, a resume on a new agent, a fenced zombie write; then the commands to inspect it."""
     from calltape.demo import run_demo
 
-    run(run_demo(state(ctx).db, out()))
+    url = database_url(ctx)
+    with database_errors(url):
+        run(run_demo(state(ctx).db, out()))

@@ -24,7 +24,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
-from calltape.cli.common import CliError, note, opened_store, out, require_session, run, state
+from calltape.cli.common import (
+    CliError,
+    database_url,
+    note,
+    opened_store,
+    out,
+    require_session,
+    run,
+    within,
+    write_json,
+)
 from calltape.errors import CalltapeError
 
 if TYPE_CHECKING:
@@ -40,17 +50,25 @@ _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 # db
 
 
-def db_upgrade(ctx: typer.Context) -> None:
+def db_upgrade(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the revisions before and after).")] = False,
+) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
-    from calltape.eventstore import resolve_url, upgrade
+    from calltape.cli.dberrors import database_errors
+    from calltape.eventstore import upgrade
     from calltape.eventstore.errors import where
 
-    before, after = run(upgrade(state(ctx).db))
-    place = where(resolve_url(state(ctx).db))
-    if before == after:
-        out().print(f"The {place} is already at schema revision {after}.", markup=False)
+    url = database_url(ctx)
+    with database_errors(url):
+        before, after = run(upgrade(url))
+    place = where(url)
+    if json_out:
+        write_json({"database": place, "before": before, "after": after, "upgraded": before != after})
+    elif before == after:
+        out().print(f"The {place} is already at schema revision {after}.")
     else:
-        out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.", markup=False)
+        out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.")
 
 
 def db_info(
@@ -58,11 +76,10 @@ def db_info(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show which database calltape uses and whether its schema is current."""
-    from calltape.eventstore import resolve_url
     from calltape.eventstore.errors import where
     from calltape.migrations import head_revision
 
-    url = resolve_url(state(ctx).db)
+    url = database_url(ctx)
 
     async def check() -> int:
         async with opened_store(ctx) as store:
@@ -78,11 +95,9 @@ def db_info(
         "sessions": count,
     }
     if json_out:
-        from calltape.cli.common import write_json
-
         write_json(info)
         return
-    out().print(f"{info['database']} · schema {info['schema']} (current) · {count} sessions", markup=False)
+    out().print(f"{info['database']} · schema {info['schema']} (current) · {count} sessions")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +227,7 @@ def import_events(
         typer.Argument(metavar="FILE...", help="JSON Lines files of events; '-' reads standard input."),
     ],
     batch: Annotated[int, typer.Option(min=1, help="Events per append transaction.")] = BATCH,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON counts (imported, skipped, sessions).")] = False,
 ) -> None:
     """Append events from JSONL files to the log.
 
@@ -227,7 +243,7 @@ def import_events(
         return
 
     async def append_all() -> tuple[int, int]:
-        async with opened_store(ctx) as store:
+        async with opened_store(ctx, create=True) as store:
             before = await _last_seqs(store, sessions)
             pending: list[Event] = []
             first_line = ""
@@ -245,10 +261,13 @@ def import_events(
 
     new, touched = run(append_all())
     skipped = total - new
+    if json_out:
+        write_json({"imported": new, "skipped": skipped, "sessions": touched, "lines": total})
+        return
     message = f"Imported {new} new event{'s' if new != 1 else ''} into {touched} session{'s' if touched != 1 else ''}"
     if skipped:
         message += f" ({skipped} already stored)"
-    out().print(message + ".", markup=False)
+    out().print(message + ".")
 
 
 async def _append_batch(store: EventStore, events: list[Event], first: str, last: str) -> None:
@@ -304,6 +323,7 @@ def replay(
     to: Annotated[
         int | None, typer.Option("--to", metavar="N", min=1, help="Copy only the prefix up to seq N.")
     ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the number of events copied).")] = False,
 ) -> None:
     """Copy a session's log (or its prefix up to N) into a new session id.
 
@@ -319,7 +339,9 @@ def replay(
         from calltape.events import new_event_id
 
         async with opened_store(ctx) as store:
-            await require_session(store, session)
+            info = await require_session(store, session)
+            if to is not None:
+                within(info, to, "--to")
             existing = await store.session_info(into)
             if existing is not None and existing.last_seq > 0:
                 raise CliError(
@@ -334,4 +356,7 @@ def replay(
             return len(copies)
 
     count = run(copy())
-    out().print(f"Replayed {count} events of '{session}' into '{into}'.", markup=False)
+    if json_out:
+        write_json({"session": session, "into": into, "events": count})
+    else:
+        out().print(f"Replayed {count} events of '{session}' into '{into}'.")

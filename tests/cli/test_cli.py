@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -19,8 +20,22 @@ from tests.cli.conftest import Cli, assert_error, barge_in_call, jsonl
 N = 23  # events in barge_in_call
 
 
+def _complete(cli: Cli, words: str) -> list[str]:
+    """Bash completion through the protocol the installed script speaks (no shell detection, so the
+    answer does not depend on which process started the test)."""
+    env = {
+        **cli.env,
+        "_CALLTAPE_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - 1),
+    }
+    proc = subprocess.run([cli.exe], capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc
+    return proc.stdout.decode().split()
+
+
 def test_help_and_completion(plain_cli: Cli) -> None:
-    root, bare, diff, completion = plain_cli.many(["--help"], [], ["diff", "--help"], ["--show-completion", "bash"])
+    root, bare, diff = plain_cli.many(["--help"], [], ["diff", "--help"])
     for result in (root, bare, diff):
         assert result.code == 0, result
     for command in ("import", "export", "sessions", "show", "context", "diff", "replay", "tail", "resume", "demo"):
@@ -28,7 +43,12 @@ def test_help_and_completion(plain_cli: Cli) -> None:
     assert "CALLTAPE_DATABASE_URL" in root.out and "Exit status" in root.out
     assert "Usage: calltape" in bare.out
     assert "--vs-at" in diff.out and "Like diff(1)" in diff.out
-    assert completion.code == 0 and "calltape" in completion.out, completion
+    env = {**plain_cli.env, "_CALLTAPE_COMPLETE": "source_bash"}
+    script = subprocess.run([plain_cli.exe], capture_output=True, env=env, timeout=60)
+    assert script.returncode == 0 and b"_calltape_completion" in script.stdout, script
+    assert _complete(plain_cli, "calltape con") == ["context"]
+    assert _complete(plain_cli, "calltape context s --format o") == ["openai"]
+    assert _complete(plain_cli, "calltape sessions --status d") == ["dropped"]
 
 
 def test_log_and_inspect(cli: Cli, store_url: str, tmp_path: Path, session_id: str) -> None:
