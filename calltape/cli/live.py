@@ -253,6 +253,7 @@ def stats(
     until_ms = parse_when(until, "--until") if until else None
 
     async def compute() -> dict[str, Any]:
+        from calltape.cli.progress import meter
         from calltape.runtime import merge_stats, session_stats
 
         async with opened_store(ctx) as store:
@@ -260,7 +261,12 @@ def stats(
                 await require_session(store, session)
                 return session_stats(await store.read(session))
             infos = await store.sessions(agent=agent, tenant=tenant, since_ms=since_ms, until_ms=until_ms)
-            return merge_stats([session_stats(await store.read(i.session)) for i in infos])
+            figures = []
+            with meter("reading sessions", len(infos), count=True) as bar:
+                for info in infos:
+                    figures.append(session_stats(await store.read(info.session)))
+                    bar.update(advance=1)
+            return merge_stats(figures)
 
     figures = run(compute())
     if json_out:

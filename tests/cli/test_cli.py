@@ -216,6 +216,7 @@ def test_store_errors(cli: Cli, tmp_path: Path, session_id: str) -> None:
         + jsonl([{"session": f"{s}-bad", "type": "agent.sing", "data": {}}])
         + jsonl([{"session": f"{s}-bad", "type": "tool.call", "data": {"call": "c", "name": "n"}}])
     )
+    assert cli("db", "upgrade").code == 0  # the store exists (the failed import creates nothing)
     imp, show = cli.many(["import", str(good), str(bad)], ["show", f"{s}-nope"])
     assert_error(imp, "nothing was imported: 3 invalid lines")
     assert f"{bad}:2: not valid JSON" in imp.err
@@ -270,8 +271,10 @@ def test_database_errors_and_upgrade(pg_admin_url: str, plain_cli: Cli, tmp_path
         again, by_env = env_cli.many(["db", "upgrade"], ["db", "info"])
         assert again.code == 0 and "already at schema revision" in again.out, again
         assert by_env.code == 0 and "PostgreSQL" in by_env.out and "0 sessions" in by_env.out, by_env
+        # the embedded default is named, and a read command does not create it
         by_default = Cli(tmp_path / "home3")("db", "info", "--json")
-        assert by_default.json()["database"] == f"SQLite file {tmp_path / 'home3' / 'calltape.db'}", by_default
+        assert_error(by_default, f"there is no calltape database yet at '{tmp_path / 'home3' / 'calltape.db'}'")
+        assert not (tmp_path / "home3").exists()
     finally:
         asyncio.run(_drop_database(pg_admin_url, fresh))
 
@@ -346,7 +349,10 @@ def test_resume_and_stats(cli: Cli, tmp_path: Path, session_id: str) -> None:
         ["stats", s, "--json"],
         ["resume", s, "--agent", "other", "--dry-run"],
     )
-    assert_error(fenced, "is at epoch 2; a write with epoch 1 was rejected", "run the import again")
+    assert_error(
+        fenced, f"{zombie}:1: the store refused this event", "is at epoch 2; a write with epoch 1 was rejected"
+    )
+    assert "nothing was imported" in fenced.err
     figures = stats.json()
     assert figures["resumes"] == 1 and figures["drops"] == 1 and figures["events"] == real.json()["resumed_at_seq"] + 1
     assert figures["tools"]["outcomes"] == {"completed": 1, "unknown": 1}
