@@ -109,7 +109,7 @@ def ensure_exists(url: str) -> None:
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return
     path = Path(parsed.database or "")
     if not path.exists():
