@@ -202,6 +202,12 @@ def resume(
     instructions: Annotated[
         str | None, typer.Option(metavar="TEXT", help="New system instructions for the new agent.")
     ] = None,
+    take_over: Annotated[
+        bool,
+        typer.Option(
+            "--take-over", help="Resume even a call that already has a live resumed agent (it is fenced in turn)."
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Accepted for uniformity: the plan is always JSON.")] = False,
 ) -> None:
     """Resume a call on a new agent: settle what was in flight, fence the old writer, print the plan.
@@ -210,20 +216,36 @@ def resume(
     the chosen format, and a decision per open tool call: reuse (result in the log), retry
     (declared --idempotent) or unknown (may have run: never re-run automatically). Unless
     --dry-run, the settling events and session.resumed are appended, so any later write from the
-    old agent's epoch is rejected.
+    old agent's epoch is rejected. While the old agent still writes, the plan is made again on the
+    longer log until it lands (up to 30 s). A call already resumed by an agent that is still live
+    is refused unless --take-over.
     """
     check_format(format)
 
     async def go() -> dict[str, Any]:
+        from calltape.errors import ConcurrencyConflict
         from calltape.runtime import ToolSpec
         from calltape.runtime import resume as do_resume
 
         tools = {name: ToolSpec(idempotent=True) for name in idempotent or []}
         async with opened_store(ctx) as store:
             await require_session(store, session)
-            plan = await do_resume(
-                store, session, agent, dry_run=dry_run, tools=tools, instructions=instructions, format=format
-            )
+            try:
+                plan = await do_resume(
+                    store,
+                    session,
+                    agent,
+                    dry_run=dry_run,
+                    tools=tools,
+                    instructions=instructions,
+                    format=format,
+                    take_over=take_over,
+                )
+            except ConcurrencyConflict:
+                raise CliError(
+                    f"session '{session}' kept changing while the resume was planned (another writer appended "
+                    "for 30 s, or another resume won): nothing was appended; stop the other writer and try again"
+                ) from None
             return plan.to_json()
 
     write_json(run(go()))

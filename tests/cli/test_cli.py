@@ -344,11 +344,13 @@ def test_resume_and_stats(cli: Cli, tmp_path: Path, session_id: str) -> None:
     zombie.write_bytes(
         jsonl([{"session": s, "type": "tool.result", "epoch": 1, "data": {"call": "c2", "output": {"ok": True}}}])
     )
-    fenced, stats, again = cli.many(
+    fenced, stats, again, refused = cli.many(
         ["import", str(zombie)],
         ["stats", s, "--json"],
-        ["resume", s, "--agent", "other", "--dry-run"],
+        ["resume", s, "--agent", "other", "--dry-run", "--take-over"],
+        ["resume", s, "--agent", "other"],
     )
+    assert_error(refused, f"session '{s}' was already resumed by agent 'booker' (epoch 2)", "--take-over")
     assert_error(
         fenced, f"{zombie}:1: the store refused this event", "is at epoch 2; a write with epoch 1 was rejected"
     )
