@@ -259,6 +259,7 @@ async def _all_stored(store: EventStore, sources: list[_Source], chunk: int) -> 
     """The quick path for a file imported before: if every line is an event whose (session, id) the
     store has, how many events and sessions there are; None as soon as one is not (then the real
     import runs)."""
+    from calltape.events import MAX_ID_CHARS
     from calltape.eventstore.bulk import stored_keys
 
     total = 0
@@ -287,6 +288,8 @@ async def _all_stored(store: EventStore, sources: list[_Source], chunk: int) -> 
             session, id_ = obj.get("session"), obj.get("id")
             if not isinstance(session, str) or not isinstance(id_, str) or not isinstance(obj.get("type"), str):
                 return None
+            if "\x00" in session or "\x00" in id_ or len(session) > MAX_ID_CHARS or len(id_) > MAX_ID_CHARS:
+                return None  # not an id the store could hold: the real import reports the line
             keys.append((session, id_))
             sessions.add(session)
             total += 1
