@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
 from calltape.eventstore.store import EventStore
 from calltape.migrations import HEAD, VERSION_TABLE, alembic_config
+from calltape.redaction import Redactor
 
 ENV_URL = "CALLTAPE_DATABASE_URL"
 MEMORY = ":memory:"
@@ -63,6 +65,16 @@ def is_memory(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and (parsed.database or MEMORY) == MEMORY
 
 
+def _create_private(path: Path) -> None:
+    """Creates the embedded database readable by its owner only (it holds what callers said): the
+    directory 0700 and the file 0600 when calltape creates them. SQLite gives its -wal and -shm files
+    the database file's mode. An existing file or directory keeps the mode its owner chose."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def create_engine(url: str) -> AsyncEngine:
     if is_memory(url):
         # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
@@ -78,8 +90,7 @@ def create_engine(url: str) -> AsyncEngine:
         configure_engine(engine)
         return engine
     if make_url(url).get_backend_name() == "sqlite":
-        path = Path(make_url(url).database or "")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(Path(make_url(url).database or ""))
         engine = create_async_engine(url, json_serializer=_json_dumps, json_deserializer=orjson.loads)
         configure_engine(engine)
         return engine
@@ -121,8 +132,17 @@ async def upgrade(url: str | None = None) -> tuple[str | None, str]:
         await engine.dispose()
 
 
-async def open_store(url: str | None = None, *, upgrade_schema: bool | None = None) -> EventStore:
-    """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked."""
+ENV_REDACT = "CALLTAPE_REDACT"
+
+
+async def open_store(
+    url: str | None = None, *, upgrade_schema: bool | None = None, redactor: Redactor | None = None
+) -> EventStore:
+    """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked.
+
+    ``redactor`` (default: the kinds in ``$CALLTAPE_REDACT``, e.g. ``card,email`` or ``all``) is applied to
+    every event appended through this store, and the recorders over it, before it reaches the database.
+    """
     resolved = resolve_url(url)
     sqlite = make_url(resolved).get_backend_name() == "sqlite"
     engine = create_engine(resolved)
@@ -143,4 +163,6 @@ async def open_store(url: str | None = None, *, upgrade_schema: bool | None = No
     except BaseException:
         await engine.dispose()
         raise
-    return SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)
+    store: EventStore = SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)
+    store.redactor = redactor if redactor is not None else Redactor.parse(os.environ.get(ENV_REDACT))
+    return store
