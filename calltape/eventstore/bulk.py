@@ -18,13 +18,16 @@ transaction still in flight). Import in the quiet hours if the file is very larg
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from sqlalchemy import exc as sa_exc
 
 from calltape.errors import CalltapeError
 from calltape.events import Event
@@ -46,6 +49,9 @@ _SESSION_FIELDS = (
     "started",
 )
 _SESSION_COLUMNS = ", ".join(_SESSION_FIELDS)
+
+SQLITE_LOCK_WAIT = 600.0
+"""Seconds an SQLite import waits for the write lock held by another import or writer."""
 
 
 class ImportRefused(CalltapeError):
@@ -310,14 +316,36 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
     engine = getattr(store, "engine", None)
     if engine is None:
         raise CalltapeError(f"bulk import is not available for a {type(store).__name__}")
-    async with translate_errors(store.url), engine.connect() as sa_conn:
-        if store.dialect == "sqlite":
-            conn = await sa_conn.execution_options(calltape_begin="IMMEDIATE")
-            async with conn.begin():
+    if store.dialect == "sqlite":
+        async with translate_errors(store.url):
+            # Another import (or writer) may hold the write lock for a while: nothing is written yet,
+            # so wait for it (beyond the driver's busy timeout) rather than fail.
+            deadline = time.monotonic() + SQLITE_LOCK_WAIT
+            while True:
+                sa_conn = await engine.connect()
+                try:
+                    conn = await sa_conn.execution_options(calltape_begin="IMMEDIATE")
+                    transaction = await conn.begin()
+                    break
+                except sa_exc.OperationalError as exc:
+                    await sa_conn.invalidate()
+                    await sa_conn.close()
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            try:
                 sqlite_import = _SqliteImport(conn)
-                yield sqlite_import
-                await sqlite_import.finish()
-            return
+                try:
+                    yield sqlite_import
+                    await sqlite_import.finish()
+                except BaseException:
+                    await transaction.rollback()
+                    raise
+                await transaction.commit()
+            finally:
+                await sa_conn.close()
+        return
+    async with translate_errors(store.url), engine.connect() as sa_conn:
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from calltape.cli.app import main
 from calltape.eventstore import open_store
-from tests.cli.conftest import Cli, jsonl
+from tests.cli.conftest import Cli
 
 EXAMPLES = int(os.environ.get("CALLTAPE_FUZZ_EXAMPLES", "300"))
 
@@ -139,10 +139,11 @@ def test_fuzz_shaped_files_through_the_script(cli: Cli, tmp_path: Path, session_
     paths = []
     for name, bad in cases.items():
         path = tmp_path / f"{name}.jsonl"
-        path.write_bytes(
-            jsonl([started, *({**started, "id": f"f{i}", "type": "x.n", "data": {}} for i in range(1500)), bad])
-        )
+        rows = [started, *({**started, "id": f"f{i}", "type": "x.n", "data": {}} for i in range(1500)), bad]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))  # json: any depth, any integer
         paths.append(path)
+    # the store exists first: concurrent first opens of a fresh SQLite file are issue 17 item 3, not this test
+    assert cli("db", "upgrade").code == 0
     results = cli.many(*(["import", str(p)] for p in paths))
     for result in results:
         assert result.code == 2 and "nothing was imported" in result.err, result
