@@ -76,6 +76,7 @@ def _create_private(path: Path) -> None:
 
 
 def create_engine(url: str) -> AsyncEngine:
+    """An async engine for ``url``: SQLite configured for WAL and explicit BEGIN, PostgreSQL pooled."""
     if is_memory(url):
         # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
         # and hands it to one transaction at a time (SQLite serializes writers anyway).
