@@ -37,9 +37,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def format_time(at_ms: int) -> str:
-    dt = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+    """RFC 3339 with milliseconds; years below 1000 keep four digits (``strftime`` drops them on Linux)."""
+    dt = _EPOCH + timedelta(milliseconds=at_ms)
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}."
+        f"{at_ms % 1000:03d}Z"
+    )
 
 
 def parse_time(value: str) -> int:
@@ -53,7 +60,7 @@ def parse_time(value: str) -> int:
         raise InvalidEvent(f"'{value}' is not an RFC 3339 time") from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return (dt - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
 def new_event_id() -> str:
@@ -74,6 +81,8 @@ class Event:
     agent: str | None = None
     epoch: int | None = None
     seq: int | None = None
+    checked: bool = field(default=False, compare=False, repr=False)
+    """Passed :func:`check_event` (built by :func:`make_event`/:func:`parse_event`, or read from the store)."""
 
     def with_seq(self, seq: int) -> Event:
         return replace(self, seq=seq)
@@ -97,6 +106,117 @@ class Event:
         wire = self.to_wire()
         wire["data"] = orjson.Fragment(orjson.dumps(self.data, option=orjson.OPT_SORT_KEYS))
         return orjson.dumps(wire)
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits: what both databases store and what round-trips through export and import. PostgreSQL
+# refuses NUL in text and jsonb, keeps epochs and seqs in a 4-byte integer, and indexes ids in a
+# B-tree whose entries must stay under about 2.7 KB; orjson writes only 64-bit integers and no NaN;
+# RFC 3339 has four-digit years. Checking here, once, means SQLite never accepts what PostgreSQL
+# would refuse, and no database error ever surfaces as "unexpected".
+
+MAX_ID_CHARS = 256
+"""Longest session id, event id or agent name."""
+MAX_TYPE_CHARS = 128
+"""Longest event type (``x.`` extensions included)."""
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays inside ``data``."""
+MAX_DATA_BYTES = 4_000_000
+"""Largest ``data`` once encoded as JSON."""
+MAX_EPOCH = 2**31 - 1
+"""Largest epoch or seq (a PostgreSQL ``integer``)."""
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_INF = float("inf")
+MIN_AT_MS = -62_135_596_800_000
+"""0001-01-01T00:00:00.000Z, the earliest RFC 3339 time."""
+MAX_AT_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z, the latest RFC 3339 time."""
+
+
+def _check_text(what: str, value: object, limit: int | None) -> None:
+    if not isinstance(value, str):
+        raise InvalidEvent(f"{what} must be a string")
+    if limit is not None and len(value) > limit:
+        raise InvalidEvent(f"{what} is longer than {limit} characters")
+    if "\x00" in value:
+        raise InvalidEvent(f"{what} contains a NUL character")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidEvent(f"{what} is not valid Unicode (a lone surrogate)") from None
+
+
+def _check_value(value: Any, depth: int, where: str) -> int:
+    """Walks ``data`` and returns a bound on its JSON size (a character takes at most six bytes, an
+    escape). A message names where, never what: content stays out of errors."""
+    if isinstance(value, str):
+        _check_text(f"a string in {where}", value, None)
+        return 6 * len(value) + 2
+    if isinstance(value, bool) or value is None:
+        return 5
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise InvalidEvent(f"a number in {where} does not fit in 64 bits")
+        return 20
+    if isinstance(value, float):
+        if value != value or value in (_INF, -_INF):
+            raise InvalidEvent(f"a number in {where} is not finite")
+        return 24
+    if isinstance(value, (Mapping, list, tuple)) and depth >= MAX_DEPTH:
+        raise InvalidEvent(f"{where} is nested deeper than {MAX_DEPTH} levels")
+    size = 2
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidEvent(f"a key in {where} is not a string")
+            _check_text(f"a key in {where}", key, None)
+            size += 6 * len(key) + 4 + _check_value(item, depth + 1, where)
+        return size
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            size += 1 + _check_value(item, depth + 1, where)
+        return size
+    raise InvalidEvent(f"{where} holds a {type(value).__name__}, which is not a JSON value")
+
+
+def check_event(event: Event) -> Event:
+    """Checks an event against the limits both databases share; marks it checked and returns it."""
+    _check_text("'session'", event.session, MAX_ID_CHARS)
+    if not event.session:
+        raise InvalidEvent("an event needs a session id")
+    _check_text("'id'", event.id, MAX_ID_CHARS)
+    if not event.id:
+        raise InvalidEvent("'id' must not be empty")
+    _check_text("'type'", event.type, MAX_TYPE_CHARS)
+    if event.agent is not None:
+        _check_text("'agent'", event.agent, MAX_ID_CHARS)
+    if type(event.at_ms) is not int:
+        raise InvalidEvent("'at' must be a time (integer milliseconds inside calltape)")
+    if not MIN_AT_MS <= event.at_ms <= MAX_AT_MS:
+        raise InvalidEvent("'at' must lie within the years 1 to 9999")
+    for name, number in (("epoch", event.epoch), ("seq", event.seq)):
+        if number is not None and (type(number) is not int or not 1 <= number <= MAX_EPOCH):
+            raise InvalidEvent(f"'{name}' must be a whole number from 1 to {MAX_EPOCH}")
+    if not isinstance(event.data, dict):
+        raise InvalidEvent("'data' must be an object")
+    if _check_value(event.data, 0, "'data'") > MAX_DATA_BYTES:  # measured only when it might be too big
+        if len(orjson.dumps(event.data)) > MAX_DATA_BYTES:
+            raise InvalidEvent(f"'data' is larger than {MAX_DATA_BYTES} bytes as JSON")
+    event.checked = True
+    return event
+
+
+def ensure_checked(event: Event) -> Event:
+    """The store's gate: an event that did not come through :func:`make_event` or :func:`parse_event`
+    (an :class:`Event` built by hand) is validated in full before it can be written."""
+    if event.checked:
+        return event
+    if not isinstance(event.type, str):
+        raise InvalidEvent("'type' must be a string")
+    if not isinstance(event.data, dict):
+        raise InvalidEvent("'data' must be an object")
+    event.data = validate_data(event.type, event.data)
+    return check_event(event)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,16 +516,18 @@ def parse_event(obj: Any) -> Event:
     at_ms = now_ms()
     if model.at is not None:
         at = model.at if model.at.tzinfo else model.at.replace(tzinfo=UTC)
-        at_ms = (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
-    return Event(
-        type=event_type,
-        data=data,
-        session=model.session,
-        id=model.id or new_event_id(),
-        at_ms=at_ms,
-        agent=model.agent,
-        epoch=model.epoch,
-        seq=model.seq,
+        at_ms = (at - _EPOCH) // timedelta(milliseconds=1)
+    return check_event(
+        Event(
+            type=event_type,
+            data=data,
+            session=model.session,
+            id=model.id or new_event_id(),
+            at_ms=at_ms,
+            agent=model.agent,
+            epoch=model.epoch,
+            seq=model.seq,
+        )
     )
 
 
@@ -420,16 +542,20 @@ def make_event(
     epoch: int | None = None,
 ) -> Event:
     """Builds a validated event from Python values (the recorder's and the API's entry point)."""
-    if not session:
-        raise InvalidEvent("an event needs a session id")
-    return Event(
-        type=event_type,
-        data=validate_data(event_type, data),
-        session=session,
-        id=id or new_event_id(),
-        at_ms=now_ms() if at_ms is None else at_ms,
-        agent=agent,
-        epoch=epoch,
+    if not isinstance(event_type, str):
+        raise InvalidEvent("'type' must be a string")
+    if data is not None and not isinstance(data, Mapping):
+        raise InvalidEvent("'data' must be an object")
+    return check_event(
+        Event(
+            type=event_type,
+            data=validate_data(event_type, data),
+            session=session,
+            id=new_event_id() if id is None else id,
+            at_ms=now_ms() if at_ms is None else at_ms,
+            agent=agent,
+            epoch=epoch,
+        )
     )
 
 
@@ -447,7 +573,9 @@ def load_stored(
     """Trusts a stored row (validated when it was appended); ``data`` may still be JSON text."""
     if isinstance(data, (str, bytes)):
         data = orjson.loads(data)
-    return Event(type=type, data=data, session=session, id=id, at_ms=at_ms, agent=agent, epoch=epoch, seq=seq)
+    return Event(
+        type=type, data=data, session=session, id=id, at_ms=at_ms, agent=agent, epoch=epoch, seq=seq, checked=True
+    )
 
 
 def dumps_jsonl(events: Iterable[Event]) -> bytes:

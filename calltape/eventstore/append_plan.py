@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent
-from calltape.events import Event
+from calltape.events import Event, ensure_checked
 
 
 @dataclass(slots=True)
@@ -47,6 +47,9 @@ def plan_append(
     expected_seq: int | None = None,
 ) -> AppendPlan:
     """Decides what an append writes; raises before anything is written."""
+    for event in events:
+        if not event.checked:
+            ensure_checked(event)  # the store never writes an event that did not pass the boundary
     sessions = {e.session for e in events}
     if expected_seq is not None and len(sessions) > 1:
         raise InvalidEvent("expected_seq needs a batch of one session")
@@ -130,4 +133,5 @@ def _admit(event: Event, row: SessionInfo) -> Event:
         agent=agent,
         epoch=event.epoch,
         seq=row.last_seq,
+        checked=True,
     )

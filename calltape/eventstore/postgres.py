@@ -190,7 +190,7 @@ class PostgresEventStore(EventStore):
             )
         loads = orjson.loads
         with gc_paused(len(rows)):
-            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0]) for r in rows]
+            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
 
     async def seq_at_time(self, session: str, at_ms: int) -> int:
         async with self._connection() as conn:

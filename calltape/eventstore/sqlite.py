@@ -66,6 +66,7 @@ def _event(row: Any) -> Event:
         agent=row[5],
         epoch=row[6],
         seq=row[1],
+        checked=True,
     )
 
 

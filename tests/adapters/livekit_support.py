@@ -17,6 +17,7 @@ from typing import Any
 from livekit.agents import llm
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
 
+from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.runtime import CallSession, ToolSpec
@@ -81,13 +82,14 @@ class _ScriptedStream(llm.LLMStream):
 
 
 class Sink:
-    """A bare ``emit(type, data)`` recorder, for the pure mapping tests only."""
+    """A bare ``emit(type, data) -> Event`` recorder, for the pure mapping tests only."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, type: str, data: Any) -> None:
+    def emit(self, type: str, data: Any) -> Event:
         self.events.append((type, dict(data)))
+        return make_event("sink", type, data)
 
     def types(self) -> list[str]:
         return [t for t, _ in self.events]

@@ -1,0 +1,434 @@
+"""The tap: one ``AgentSession``'s public events mapped to calltape events.
+
+Mapping notes (why the tap looks where it looks):
+
+* One calltape ``reply`` is one LLM generation: a ``SpeechHandle`` step, named
+  ``"{speech_id}_{step}"`` like LiveKit's own generation ids. A turn with tools has two steps.
+* Emit order is not context order. The assistant ``ChatMessage`` reaches ``conversation_item_added``
+  only after its playout, after its tools started and after a barge-in's transcript; so the reply is
+  opened (``agent.reply.started``) at the first earlier sign of it: the agent starting to speak it or
+  one of its tools starting.
+* Reply state (done, speaking, interrupted, what was heard) is never kept here: the
+  :class:`~calltape.adapters.replies.ReplyTracker` reads it from the call's fold and writes each fact once.
+* Function calls never come through ``conversation_item_added``: ``tool_execution_updated`` gives the
+  start (before the body runs), each ``ctx.update()`` (recorded as ``tool.progress``) and the end of
+  each call; ``function_tools_executed`` carries the output LiveKit puts into its own context for the
+  call (a handoff cut by a barge-in becomes an error there), and the calls that failed before
+  reaching the executor (unknown tool, bad arguments).
+* A call that reported progress (``ctx.update()``, or LiveKit releasing it at its interruption cap)
+  answers the LLM twice in LiveKit's context: the update under the call id, the real result under a
+  second call LiveKit adds later. calltape keeps one call with one output: the update is
+  ``tool.progress``, the later real result is the ``tool.result``.
+* The assistant message carries ``interrupted`` and, when interrupted, the synchronized transcript:
+  what the user heard. That is recorded as ``agent.speech.ended.heard``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from livekit.agents import AgentSession, llm
+from livekit.agents.voice import SpeechHandle
+from livekit.agents.voice.events import (
+    AgentStateChangedEvent,
+    CloseEvent,
+    ConversationItemAddedEvent,
+    FunctionToolsExecutedEvent,
+    SpeechCreatedEvent,
+    ToolCallEnded,
+    ToolCallStarted,
+    ToolCallUpdated,
+    ToolExecutionUpdatedEvent,
+    UserInputTranscribedEvent,
+    UserStateChangedEvent,
+)
+
+from calltape.adapters.livekit.context import instructions_of
+from calltape.adapters.replies import ReplyTracker
+from calltape.events import Event
+
+__all__ = ["CallSink", "LiveKitTap", "attach", "tap_of"]
+
+
+class CallSink(Protocol):
+    """What the tap needs from a call; :class:`calltape.runtime.CallSession` is the real one.
+
+    ``interrupt``, ``end``, ``drop`` and ``run_tool`` are used when present, so a bare recorder with
+    ``emit`` (returning the event it made) is enough for recording.
+    """
+
+    def emit(self, type: str, data: Mapping[str, Any]) -> Event: ...
+
+
+# Sessions the tap is attached to, so guarded tools find their call from the RunContext alone.
+_TAPS: weakref.WeakKeyDictionary[AgentSession[Any], LiveKitTap] = weakref.WeakKeyDictionary()
+
+_DROP_REASONS = frozenset({"error", "participant_disconnected", "job_shutdown"})
+_CAUSES = {"audio_activity": "user_speech", "user_turn": "user_speech", "programmatic": "api"}
+
+
+def interrupt_cause(handle: SpeechHandle) -> str | None:
+    """calltape's ``cause`` for how LiveKit says a speech was interrupted (None: it does not say)."""
+    return _CAUSES.get(str(getattr(handle, "_interrupt_source", "") or ""))
+
+
+@dataclass(slots=True)
+class _Speech:
+    """A LiveKit speech and the calltape reply of its current step (state lives in the fold)."""
+
+    handle: SpeechHandle
+    step: int = 0
+    reply: str | None = None
+
+
+class LiveKitTap:
+    """Maps one ``AgentSession``'s events to calltape events. Create it with :func:`attach`."""
+
+    def __init__(self, session: AgentSession[Any], call: CallSink) -> None:
+        self.session = session
+        self.call = call
+        self.replies = ReplyTracker(call)
+        self._speeches: dict[str, _Speech] = {}
+        self._last: _Speech | None = None
+        self._guarded_calls: set[str] = set()
+        self._deferred: set[str] = set()
+        """Calls that reported progress: their real result comes with their end, not before."""
+        self._ended: dict[str, ToolCallEnded] = {}
+        """Calls that ended before LiveKit reported the output it keeps for them."""
+        self._user_finals: list[str] = []
+        """Final transcripts of the user turn LiveKit has not committed yet."""
+        self._user_speaking = False
+        self._agent: str | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._handlers: list[tuple[str, Callable[[Any], None]]] = [
+            ("user_input_transcribed", self._on_transcribed),
+            ("user_state_changed", self._on_user_state),
+            ("agent_state_changed", self._on_agent_state),
+            ("speech_created", self._on_speech_created),
+            ("conversation_item_added", self._on_item_added),
+            ("tool_execution_updated", self._on_tool_update),
+            ("function_tools_executed", self._on_tools_executed),
+            ("close", self._on_close),
+        ]
+        for name, handler in self._handlers:
+            session.on(name, handler)  # type: ignore[arg-type]
+        _TAPS[session] = self
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def detach(self) -> None:
+        """Stops recording (the call itself stays open)."""
+        for name, handler in self._handlers:
+            self.session.off(name, handler)  # type: ignore[arg-type]
+        for task in self._tasks:
+            task.cancel()
+        if _TAPS.get(self.session) is self:
+            del _TAPS[self.session]
+
+    async def drain(self) -> None:
+        """Waits for the tap's background work (speech watchers, the close of the call)."""
+        while pending := [t for t in self._tasks if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def reply_of(self, call_id: str) -> str | None:
+        """The calltape reply a function call belongs to (None before the tap saw the call)."""
+        state = self.replies.fold.tool_call(call_id)
+        return state.reply if state is not None else None
+
+    def reply_of_handle(self, handle: SpeechHandle) -> str | None:
+        """The calltape reply of a speech's current step (None when nothing of it was recorded)."""
+        sp = self._speeches.get(handle.id)
+        return sp.reply if sp is not None else None
+
+    # -- emit helpers ---------------------------------------------------------------------------
+
+    def _emit(self, type_: str, data: dict[str, Any]) -> None:
+        self.replies.emit(type_, data)
+
+    def _spawn(self, aw: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(aw)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _speech(self, handle: SpeechHandle | None) -> _Speech | None:
+        if handle is None:
+            return None
+        sp = self._speeches.get(handle.id)
+        if sp is None:
+            # a handle created before attach, or by a path that emits no speech_created
+            sp = self._track(handle)
+        return sp
+
+    def _open_step(self, sp: _Speech) -> str:
+        """Opens the reply of the handle's current step (closing the previous step's)."""
+        step = sp.handle.num_steps
+        if sp.reply is not None and sp.step == step:
+            return sp.reply
+        self._close_reply(sp)
+        sp.step, sp.reply = step, f"{sp.handle.id}_{step}"
+        self._last = sp
+        self._emit("agent.reply.started", {"reply": sp.reply, "speech_id": sp.handle.id, "step": step})
+        return sp.reply
+
+    def _close_reply(self, sp: _Speech) -> None:
+        if sp.reply is None:
+            return
+        self.replies.done(sp.reply)
+        st = self.replies.state(sp.reply)
+        if st is not None and st.speech_started:
+            self.replies.speech_ended(sp.reply, interrupted=st.interrupted)
+
+    # -- speeches -------------------------------------------------------------------------------
+
+    def _track(self, handle: SpeechHandle) -> _Speech:
+        sp = _Speech(handle)
+        self._speeches[handle.id] = sp
+        self._spawn(self._watch(sp))
+        return sp
+
+    async def _watch(self, sp: _Speech) -> None:
+        """Records the interruption the moment it happens, then closes the reply when the speech ends.
+
+        ``wait_if_not_interrupted`` is the public way to learn about an interruption without waiting
+        for the speech to be done (which, with a tool still running, takes up to 5 s).
+        """
+        handle = sp.handle
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def _done(_: SpeechHandle) -> None:
+            if not done.done():
+                done.set_result(None)
+
+        handle.add_done_callback(_done)
+        await handle.wait_if_not_interrupted([done])
+        if handle.interrupted:
+            self._on_interrupted(sp)
+        await done
+        self._close_reply(sp)
+        self._speeches.pop(handle.id, None)
+
+    def _on_interrupted(self, sp: _Speech) -> None:
+        if sp.reply is None:
+            return  # nothing of it reached calltape: a queued speech is cancelled, not interrupted
+        st = self.replies.state(sp.reply)
+        if st is None or st.interrupted:
+            return
+        cause = interrupt_cause(sp.handle) or "api"
+        interrupt = getattr(self.call, "interrupt", None)
+        if callable(interrupt) and not self.replies.holding:
+            interrupt(reply=sp.reply, cause=cause)
+        else:
+            self.replies.interrupt(sp.reply, cause=cause)
+
+    def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
+        if ev.speech_handle.id not in self._speeches:
+            self._track(ev.speech_handle)
+
+    def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.new_state != "speaking":
+            return
+        sp = self._speech(self.session.current_speech)
+        if sp is None:
+            return
+        self.replies.speech_started(self._open_step(sp))
+
+    def _owner_of(self, call_id: str) -> _Speech | None:
+        for sp in self._speeches.values():
+            if any(getattr(item, "call_id", None) == call_id for item in sp.handle.chat_items):
+                return sp
+        return self._speech(self.session.current_speech)
+
+    # -- user -----------------------------------------------------------------------------------
+
+    def _on_transcribed(self, ev: UserInputTranscribedEvent) -> None:
+        text = ev.transcript.strip()
+        if not text and not ev.is_final:
+            return
+        if ev.is_final:
+            self._user_finals.append(text)
+        self._emit("user.transcript", {"text": ev.transcript, "final": ev.is_final})
+
+    def _on_user_state(self, ev: UserStateChangedEvent) -> None:
+        if ev.new_state == "speaking" and not self._user_speaking:
+            self._user_speaking = True
+            self._emit("user.speech.started", {"source": "vad"})
+        elif ev.new_state != "speaking" and self._user_speaking:
+            self._user_speaking = False
+            self._emit("user.speech.stopped", {})
+
+    # -- conversation items ---------------------------------------------------------------------
+
+    def _on_item_added(self, ev: ConversationItemAddedEvent) -> None:
+        item = ev.item
+        if isinstance(item, llm.ChatMessage):
+            if item.role == "user":
+                self._on_user_message(item)
+            elif item.role == "assistant":
+                self._on_assistant_message(item)
+        elif isinstance(item, llm.AgentHandoff):
+            self._on_handoff(item)
+
+    def _on_user_message(self, msg: llm.ChatMessage) -> None:
+        spoken, self._user_finals = self._user_finals, []
+        if spoken:
+            return  # the committed turn repeats the final transcripts already recorded
+        text = msg.text_content or ""
+        if text.strip():
+            self._emit("user.text", {"text": text})
+
+    def _on_assistant_message(self, msg: llm.ChatMessage) -> None:
+        sp = self._speech(self.session.current_speech) or self._last
+        if sp is None:
+            return
+        reply = self._open_step(sp)
+        text = msg.text_content or ""
+        if text:
+            self.replies.text(reply, text)
+            self.replies.speech_started(reply)
+        self.replies.done(reply)
+        st = self.replies.state(reply)
+        if st is not None and (st.speech_started or (text and st.interrupted)):
+            self.replies.speech_ended(reply, interrupted=msg.interrupted, heard=text)
+
+    def _current_agent(self) -> str | None:
+        fold = self.replies.fold
+        return fold.agent if fold.agent is not None else self._agent
+
+    def _on_handoff(self, item: llm.AgentHandoff) -> None:
+        if item.old_agent_id is None:
+            self._agent = item.new_agent_id
+            return  # the session's first agent: session.started already names it
+        if self._current_agent() == item.new_agent_id:
+            self._agent = item.new_agent_id
+            return  # already recorded (e.g. by CallSession.handoff)
+        data: dict[str, Any] = {"from": item.old_agent_id, "to": item.new_agent_id}
+        with contextlib.suppress(RuntimeError):
+            agent = self.session.current_agent
+            if agent.id == item.new_agent_id and (text := instructions_of(agent, self.session)) is not None:
+                data["instructions"] = text
+        self._agent = item.new_agent_id
+        self._emit("agent.handoff", data)
+
+    # -- tools ----------------------------------------------------------------------------------
+
+    def _is_guarded(self, name: str) -> bool:
+        tools: list[Any] = list(self.session.tools)
+        with contextlib.suppress(RuntimeError):
+            tools += self.session.current_agent.tools
+        for tool in llm.ToolContext(tools).function_tools.values():
+            if tool.info.name == name:
+                return bool(getattr(tool, "__calltape_guarded__", False))
+        return False
+
+    def _settled(self, call_id: str) -> bool:
+        state = self.replies.fold.tool_call(call_id)
+        return state is not None and state.status != "in_progress"
+
+    def _record_call(self, fc: llm.FunctionCall, sp: _Speech | None) -> None:
+        if self.replies.fold.tool_call(fc.call_id) is not None:
+            return
+        reply = self._open_step(sp) if sp is not None else None
+        data: dict[str, Any] = {"call": fc.call_id, "name": fc.name, "arguments": fc.arguments or "{}"}
+        if reply is not None:
+            data["reply"] = reply
+        self._emit("tool.call", data)
+
+    def _on_tool_update(self, ev: ToolExecutionUpdatedEvent) -> None:
+        update = ev.update
+        if isinstance(update, ToolCallStarted):
+            fc = update.function_call
+            self._record_call(fc, self._owner_of(fc.call_id))
+            if self._is_guarded(fc.name):
+                self._guarded_calls.add(fc.call_id)
+            else:
+                self._emit("tool.started", {"call": fc.call_id})
+        elif isinstance(update, ToolCallUpdated):
+            # ctx.update(), or LiveKit releasing a tool its interrupted turn stopped waiting for:
+            # progress of a call still running, never its result
+            self._deferred.add(update.call_id)
+            self._emit("tool.progress", {"call": update.call_id, "state": update.message, "message": update.message})
+        elif isinstance(update, ToolCallEnded):
+            self._on_tool_ended(update)
+
+    def _on_tool_ended(self, update: ToolCallEnded) -> None:
+        call_id = update.call_id
+        if call_id in self._guarded_calls or self._settled(call_id):
+            return  # run_tool records guarded calls itself
+        if update.status == "cancelled":
+            self._emit("tool.cancelled", {"call": call_id, "reason": "cancelled", "outcome": "unknown"})
+            return
+        if call_id in self._deferred or update.id != call_id:
+            # the real end of a call that reported progress: LiveKit adds its output under a call
+            # of its own (update.id) to the history before saying the call ended
+            output, error = self._history_output(update.id, update)
+            self._record_result(call_id, output, error)
+            return
+        # LiveKit's own output for the call (function_tools_executed) follows; it differs from the
+        # tool's return when LiveKit overrides it (a handoff cut by a barge-in is an error there)
+        self._ended[call_id] = update
+
+    def _history_output(self, item_call_id: str, update: ToolCallEnded) -> tuple[Any, bool]:
+        for item in reversed(self.session.history.items):
+            if isinstance(item, llm.FunctionCallOutput) and item.call_id == item_call_id:
+                return item.output, item.is_error
+        return (update.message if update.message is not None else ""), update.status == "error"
+
+    def _record_result(self, call_id: str, output: Any, error: bool) -> None:
+        self._ended.pop(call_id, None)
+        data: dict[str, Any] = {"call": call_id, "output": output}
+        if error:
+            data["error"] = True
+        self._emit("tool.result", data)
+
+    def _on_tools_executed(self, ev: FunctionToolsExecutedEvent) -> None:
+        replies: set[str] = set()
+        for fc, out in ev.zipped():
+            self._record_call(fc, self._owner_of(fc.call_id))
+            reply = self.reply_of(fc.call_id)
+            if reply is not None:
+                replies.add(reply)
+            if fc.call_id in self._guarded_calls or self._settled(fc.call_id):
+                continue
+            if fc.call_id in self._deferred:
+                continue  # the output is the call's progress update: its real end comes later
+            self._record_result(fc.call_id, out.output, out.is_error)
+        for sp in list(self._speeches.values()):
+            if sp.reply in replies:
+                self.replies.done(sp.reply)
+
+    def _flush_ended(self) -> None:
+        """Calls that ended but whose LiveKit output never came (the session closed first)."""
+        for call_id, update in list(self._ended.items()):
+            if not self._settled(call_id) and call_id not in self._guarded_calls:
+                self._record_result(call_id, update.message or "", update.status == "error")
+        self._ended.clear()
+
+    # -- end of the call ------------------------------------------------------------------------
+
+    def _on_close(self, ev: CloseEvent) -> None:
+        self._flush_ended()
+        reason = ev.reason.value if hasattr(ev.reason, "value") else str(ev.reason)
+        dropped = ev.error is not None or reason in _DROP_REASONS
+        method = getattr(self.call, "drop" if dropped else "end", None)
+        if callable(method):
+            self._spawn(method(reason=reason))
+        else:
+            self._emit("session.dropped" if dropped else "session.ended", {"reason": reason})
+
+
+def attach(session: AgentSession[Any], call: CallSink) -> LiveKitTap:
+    """Records ``session`` into ``call`` from now on; returns the tap (``tap.detach()`` stops it)."""
+    existing = _TAPS.get(session)
+    if existing is not None:
+        existing.detach()
+    return LiveKitTap(session, call)
+
+
+def tap_of(session: AgentSession[Any]) -> LiveKitTap | None:
+    """The tap attached to ``session``, if any."""
+    return _TAPS.get(session)

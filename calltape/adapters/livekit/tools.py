@@ -1,0 +1,78 @@
+"""Guarded LiveKit tools: the body runs under ``call.run_tool`` (durable start, timeout, exactly-once)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+from livekit.agents import RunContext
+from livekit.agents.llm import ToolError
+
+from calltape.adapters.livekit.tap import tap_of
+from calltape.runtime import ToolOutcome, ToolSpec
+
+__all__ = ["guarded"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _run_context(args: Sequence[Any], kwargs: Mapping[str, Any]) -> RunContext[Any]:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, RunContext):
+            return value
+    raise TypeError("a guarded tool needs a RunContext parameter (e.g. `ctx: RunContext`)")
+
+
+def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
+    """Runs the tool body under ``call.run_tool`` (durable start, timeout, exactly-once per call id).
+
+    Put it under ``@function_tool``; the tool takes a ``RunContext``. Without ``spec`` the call's
+    ``tools={name: ToolSpec}`` entry applies, else the defaults (10 s timeout, ``finish``).
+    Outcomes other than ``completed`` reach the LLM as a ``ToolError`` saying what happened.
+    """
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = _run_context(args, kwargs)
+            tap = tap_of(ctx.session)
+            if tap is None:
+                raise RuntimeError("calltape is not attached to this AgentSession (call attach() first)")
+            run_tool = getattr(tap.call, "run_tool", None)
+            if not callable(run_tool):
+                raise RuntimeError("the attached call cannot run tools (it needs run_tool)")
+            fc = ctx.function_call
+            tap._guarded_calls.add(fc.call_id)
+            try:
+                arguments: Any = json.loads(fc.arguments or "{}")
+            except ValueError:
+                arguments = fc.arguments
+
+            async def body() -> Any:
+                return await func(*args, **kwargs)
+
+            outcome: ToolOutcome = await run_tool(
+                fc.call_id, fc.name, arguments, body, reply=tap.reply_of(fc.call_id), spec=spec
+            )
+            if outcome.status == "completed":
+                return outcome.output
+            raise ToolError(_outcome_message(outcome))
+
+        wrapper.__calltape_guarded__ = True  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def _outcome_message(outcome: ToolOutcome) -> str:
+    if outcome.status == "error":
+        output = outcome.output
+        detail = output.get("error") if isinstance(output, dict) else output
+        return str(detail) if detail else "the tool failed"
+    return {
+        "timeout": "the tool timed out",
+        "cancelled": "the tool call was cancelled",
+        "unknown": "the outcome of this tool call is unknown; it was not run again",
+    }.get(outcome.status, f"the tool call ended as {outcome.status}")
