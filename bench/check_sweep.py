@@ -73,6 +73,7 @@ def peak_rss_mib(args: Sequence[str], url: str) -> tuple[dict[str, Any], float]:
     violations = json.loads(out)
     result = {
         "seconds": round(seconds, 2),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
         "exit": code,
         "violations": len(violations),
         "by_rule": dict(Counter(v["rule"] for v in violations)),
@@ -91,7 +92,7 @@ async def sweep(url: str, sessions: int, events: int, log: Any) -> dict[str, Any
     finally:
         await store.close()
     full, full_rss = peak_rss_mib(["--all"], url)
-    log(f"check --all: {full['seconds']} s, peak RSS {full_rss} MiB, {full['violations']} violations")
+    log(f"check --all: {full['seconds']} s ({full['cpu_seconds']} s of CPU), peak RSS {full_rss} MiB, {full['violations']} violations")
     tenth, tenth_rss = peak_rss_mib(names[: max(1, len(names) // 10)], url)
     log(f"check of a tenth of the sessions: {tenth['seconds']} s, peak RSS {tenth_rss} MiB")
     return {
@@ -99,6 +100,7 @@ async def sweep(url: str, sessions: int, events: int, log: Any) -> dict[str, Any
         "events": stored,
         "sessions": len(info),
         "check_all_seconds": full["seconds"],
+        "check_all_cpu_seconds": full["cpu_seconds"],
         "events_per_second": round(stored / full["seconds"]),
         "peak_rss_mib": full_rss,
         "peak_rss_mib_tenth_of_the_sessions": tenth_rss,

@@ -8,17 +8,20 @@ from calltape.checks.context import context_problems
 from calltape.checks.facts import SessionFacts, collect
 from calltape.checks.rules import RULES, CheckOptions, Rule, Violation, rule
 from calltape.checks.runner import (
+    CHUNK,
     CheckInputError,
     SessionReport,
     check_events,
     check_facts,
     number_session,
     read_jsonl,
+    sweep_parallel,
     sweep_store,
     to_events,
 )
 
 __all__ = [
+    "CHUNK",
     "RULES",
     "CheckInputError",
     "CheckOptions",
@@ -33,6 +36,7 @@ __all__ = [
     "number_session",
     "read_jsonl",
     "rule",
+    "sweep_parallel",
     "sweep_store",
     "to_events",
 ]

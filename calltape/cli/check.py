@@ -8,13 +8,14 @@ of one call however many are checked; a progress bar shows on a terminal only.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from calltape.cli.common import CliError, note, opened_store, parse_when, require_session, run, write_json
+from calltape.cli.common import CliError, note, opened_store, parse_when, require_session, run, state, write_json
 
 if TYPE_CHECKING:
     from calltape.checks import CheckOptions, Violation
@@ -109,6 +110,10 @@ def check(
         str,
         typer.Option("--stale-after", metavar="DURATION", help="unsettled-drop: how old a drop must be to count."),
     ] = "10m",
+    jobs: Annotated[
+        int,
+        typer.Option("--jobs", "-j", min=0, help="Worker processes for a large sweep (0: one per CPU core)."),
+    ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of violations.")] = False,
 ) -> None:
     """Check recorded calls for barge-in bugs: orphan calls, late starts, double runs, zombie writes,
@@ -146,42 +151,60 @@ def check(
         except CheckInputError as exc:
             raise CliError(str(exc)) from None
     else:
-        run(_sweep(ctx, sessions, all_sessions, since_ms, options, rules, printer))
+        names, total = run(_names(ctx, sessions, all_sessions, since_ms))
+        _sweep(ctx, names, total, jobs or os.cpu_count() or 1, options, rules, printer)
     code = printer.finish()
     if code:
         raise typer.Exit(code)
 
 
-async def _sweep(
+async def _names(
+    ctx: typer.Context, names: list[str], all_sessions: bool, since_ms: int | None
+) -> tuple[list[str], int]:
+    """The sessions to check (in order of their start) and how many events they hold."""
+    async with opened_store(ctx) as store:
+        if all_sessions:
+            infos = await store.sessions(since_ms=since_ms, order="first_at", descending=False)
+            return [i.session for i in infos], sum(i.last_seq for i in infos)
+        names = list(dict.fromkeys(names))
+        total = 0
+        for name in names:
+            total += (await require_session(store, name)).last_seq
+        return names, total
+
+
+def _sweep(
     ctx: typer.Context,
     names: list[str],
-    all_sessions: bool,
-    since_ms: int | None,
+    total_events: int,
+    jobs: int,
     options: CheckOptions,
     rules: list[str] | None,
     printer: _Printer,
 ) -> None:
-    from calltape.checks import sweep_store
+    from calltape.checks import CHUNK, sweep_parallel, sweep_store
 
-    async with opened_store(ctx) as store:
-        if all_sessions:
-            infos = await store.sessions(since_ms=since_ms, order="first_at", descending=False)
-            names = [i.session for i in infos]
-            total_events = sum(i.last_seq for i in infos)
-        else:
-            names = list(dict.fromkeys(names))
-            total_events = 0
-            for name in names:
-                total_events += (await require_session(store, name)).last_seq
-        progress = _progress(len(names), total_events)
-        try:
-            async for report in sweep_store(store, names, options, rules):
-                printer.add(report.events, report.violations)
-                if progress is not None:
-                    progress.advance(report.events)
-        finally:
-            if progress is not None:
-                progress.stop()
+    progress = _progress(len(names), total_events)
+    try:
+        if jobs > 1 and len(names) > CHUNK:
+            for reports in sweep_parallel(state(ctx).db, names, options, rules, jobs=jobs):
+                for report in reports:
+                    printer.add(report.events, report.violations)
+                    if progress is not None:
+                        progress.advance(report.events)
+            return
+
+        async def one_process() -> None:
+            async with opened_store(ctx) as store:
+                async for report in sweep_store(store, names, options, rules):
+                    printer.add(report.events, report.violations)
+                    if progress is not None:
+                        progress.advance(report.events)
+
+        run(one_process())
+    finally:
+        if progress is not None:
+            progress.stop()
 
 
 class _Bar:

@@ -55,13 +55,12 @@ def test_check_sessions_files_and_sweeps(cli: Cli, tmp_path: Path) -> None:
     imported = cli("import", str(file))
     assert imported.code == 0, imported
 
-    one_bad, one_good, both, every, every_json, recent, from_file, file_json, only_rule = cli.many(
-        ("check", "bad-1"),
-        ("check", "good-1"),
-        ("check", "good-1", "bad-1"),
-        ("check", "--all"),
-        ("check", "--all", "--json"),
-        ("check", "--all", "--since", "1h"),
+    # three at a time: each start-up costs seconds on a loaded machine
+    one_bad, one_good, both = cli.many(("check", "bad-1"), ("check", "good-1"), ("check", "good-1", "bad-1"))
+    every, every_json, recent = cli.many(
+        ("check", "--all"), ("check", "--all", "--json"), ("check", "--all", "--since", "1h")
+    )
+    from_file, file_json, only_rule = cli.many(
         ("check", "--file", str(file)),
         ("check", "--file", str(file), "--json"),
         ("check", "bad-1", "--rule", "orphan-call"),
@@ -93,7 +92,7 @@ def test_check_sessions_files_and_sweeps(cli: Cli, tmp_path: Path) -> None:
 def test_check_usage_and_input_errors(cli: Cli, tmp_path: Path) -> None:
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_bytes(jsonl(clean_call("x")[:2]) + b'{"session": "x", "type": "tool.result", "data": {}}\n')
-    results = cli.many(
+    commands = [
         ("check",),
         ("check", "a", "--all"),
         ("check", "a", "--since", "1h"),
@@ -104,7 +103,8 @@ def test_check_usage_and_input_errors(cli: Cli, tmp_path: Path) -> None:
         ("check", "--file", str(tmp_path / "missing.jsonl")),
         ("check", "--file", str(bad_line)),
         ("check", "--file", str(tmp_path)),
-    )
+    ]
+    results = [r for i in range(0, len(commands), 3) for r in cli.many(*commands[i : i + 3])]
     fragments = [
         ("give SESSION..., --file FILE or --all",),
         ("only one of",),
@@ -129,3 +129,15 @@ def test_check_the_demo_call(plain_cli: Cli) -> None:
     assert result.code in (0, 1), result
     for violation in result.json():
         assert set(violation) == {"session", "seq", "rule", "message"}
+
+
+def test_a_sweep_in_several_processes_reports_the_same(cli: Cli, tmp_path: Path) -> None:
+    calls = [e for i in range(45) for e in (late_start_call if i % 20 == 7 else clean_call)(f"s{i:02d}")]
+    file = tmp_path / "many.jsonl"
+    file.write_bytes(jsonl(calls))
+    assert cli("import", str(file)).code == 0
+    one, two = cli.many(("check", "--all", "-j", "1"), ("check", "--all", "-j", "2"))
+    assert one.code == two.code == 1, (one, two)
+    assert one.out == two.out
+    assert [line.split(" ", 1)[0] for line in one.out.splitlines()] == ["s07", "s27"]
+    assert "Checked 45 sessions" in two.err
