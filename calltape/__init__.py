@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 # Every CLI call imports this package: names load on first use (PEP 562), so `calltape --help` does
 # not pay for the runtime, the projections and SQLAlchemy.
 _EXPORTS = {
+    "Calltape": "calltape.client",
+    "Resumed": "calltape.client",
+    "connect": "calltape.client",
     "CalltapeError": "calltape.errors",
     "ConcurrencyConflict": "calltape.errors",
     "FencedWrite": "calltape.errors",
@@ -21,6 +24,7 @@ _EXPORTS = {
     "SessionNotFound": "calltape.errors",
     "StoreUnavailable": "calltape.errors",
     "Event": "calltape.events",
+    "EventType": "calltape.events",
     "make_event": "calltape.events",
     "parse_event": "calltape.events",
     "EventStore": "calltape.eventstore",
@@ -33,6 +37,7 @@ _EXPORTS = {
     "RecorderSpilled": "calltape.eventstore.recorder",
     "SessionTape": "calltape.eventstore.recorder",
     "ContextFold": "calltape.projections",
+    "ContextFormat": "calltape.projections",
     "build_context": "calltape.projections",
     "render": "calltape.projections",
     "CallSession": "calltape.runtime",
@@ -46,6 +51,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from calltape.client import Calltape, Resumed, connect
     from calltape.errors import (
         CalltapeError,
         ConcurrencyConflict,
@@ -55,10 +61,10 @@ if TYPE_CHECKING:
         SessionNotFound,
         StoreUnavailable,
     )
-    from calltape.events import Event, make_event, parse_event
+    from calltape.events import Event, EventType, make_event, parse_event
     from calltape.eventstore import EventStore, FeedPosition, SessionInfo, open_store, upgrade
     from calltape.eventstore.recorder import Recorder, RecorderFull, RecorderSpilled, SessionTape
-    from calltape.projections import ContextFold, build_context, render
+    from calltape.projections import ContextFold, ContextFormat, build_context, render
     from calltape.runtime import (
         CallSession,
         Interrupted,
@@ -72,6 +78,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    """Loads an exported name on first use (PEP 562)."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'calltape' has no attribute '{name}'")
@@ -80,15 +87,23 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    """The public API, for ``dir(calltape)``, completion and ``help()`` (the names load lazily)."""
+    return sorted(__all__)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
     "CallSession",
+    "Calltape",
     "CalltapeError",
     "ConcurrencyConflict",
     "ContextFold",
+    "ContextFormat",
     "Event",
     "EventStore",
+    "EventType",
     "FeedPosition",
     "FencedWrite",
     "Interrupted",
@@ -97,6 +112,7 @@ __all__ = [
     "RecorderFull",
     "RecorderSpilled",
     "ResumePlan",
+    "Resumed",
     "SchemaOutdated",
     "SessionInfo",
     "SessionNotFound",
@@ -106,6 +122,7 @@ __all__ = [
     "ToolSpec",
     "__version__",
     "build_context",
+    "connect",
     "handoff",
     "make_event",
     "open_store",

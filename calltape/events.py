@@ -378,6 +378,33 @@ DATA_MODELS: dict[str, type[_Data]] = {
 
 EVENT_TYPES: frozenset[str] = frozenset(DATA_MODELS)
 
+EventType = Literal[
+    "session.started",
+    "session.ended",
+    "session.dropped",
+    "session.resumed",
+    "agent.handoff",
+    "agent.instructions",
+    "user.speech.started",
+    "user.speech.stopped",
+    "user.transcript",
+    "user.text",
+    "agent.reply.started",
+    "agent.text",
+    "agent.reply.done",
+    "agent.speech.started",
+    "agent.speech.progress",
+    "agent.speech.ended",
+    "interruption",
+    "tool.call",
+    "tool.started",
+    "tool.progress",
+    "tool.result",
+    "tool.cancelled",
+]
+"""The event types of the wire format, for annotations and completion (``x.*`` extensions are
+plain strings). A test keeps this in step with :data:`EVENT_TYPES`."""
+
 
 def is_extension(event_type: str) -> bool:
     return event_type.startswith("x.") and len(event_type) > 2

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from calltape.errors import CalltapeError, SchemaOutdated
 from calltape.eventstore.errors import translate_errors, where
@@ -20,6 +21,7 @@ from calltape.eventstore.store import EventStore
 from calltape.migrations import HEAD, VERSION_TABLE, alembic_config
 
 ENV_URL = "CALLTAPE_DATABASE_URL"
+MEMORY = ":memory:"
 
 
 def default_path() -> Path:
@@ -42,8 +44,9 @@ def resolve_url(url: str | None = None) -> str:
     if backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+asyncpg")
     elif backend == "sqlite":
-        if not parsed.database or parsed.database == ":memory:":
-            raise CalltapeError("an SQLite store needs a file path (sqlite:///path/to/calltape.db)")
+        if (parsed.database or MEMORY) == MEMORY:
+            # `sqlite://` and `sqlite:///:memory:`: SQLite's private in-memory database.
+            return f"sqlite+aiosqlite:///{MEMORY}"
         parsed = parsed.set(drivername="sqlite+aiosqlite")
     else:
         raise CalltapeError(f"calltape stores events in PostgreSQL or SQLite, not '{backend}'")
@@ -54,7 +57,26 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def is_memory(url: str) -> bool:
+    """Whether ``url`` names SQLite's in-memory database (one private database per opened store)."""
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and (parsed.database or MEMORY) == MEMORY
+
+
 def create_engine(url: str) -> AsyncEngine:
+    if is_memory(url):
+        # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
+        # and hands it to one transaction at a time (SQLite serializes writers anyway).
+        engine = create_async_engine(
+            url,
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=1,
+            max_overflow=0,
+            json_serializer=_json_dumps,
+            json_deserializer=orjson.loads,
+        )
+        configure_engine(engine)
+        return engine
     if make_url(url).get_backend_name() == "sqlite":
         path = Path(make_url(url).database or "")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,8 @@ def where(url: str) -> str:
     """The database named for a person, without the password."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
+        if (u.database or ":memory:") == ":memory:":
+            return "in-memory SQLite database"
         return f"SQLite file {u.database}"
     return f"PostgreSQL at {u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
 
@@ -74,3 +76,17 @@ async def translate_errors(url: str) -> AsyncIterator[None]:
         if is_disconnect(exc) or sqlite_busy:
             raise StoreUnavailable(f"cannot reach the {where(url)}: {text}") from exc
         raise
+
+
+# SQLSTATEs worth an immediate retry: serialization failure, deadlock, lock not available.
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A conflict that a second attempt of the same transaction can win (not an outage, not a verdict)."""
+    for e in _chain(exc):
+        if getattr(e, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+            return True
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            return True
+    return False

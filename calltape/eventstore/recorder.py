@@ -6,6 +6,12 @@ task per process group-commits everything queued, across sessions, in batches bo
 has committed. When the database is unreachable the writer keeps the batch, backs off and retries:
 nothing that ``emit()`` accepted is dropped. Memory is bounded by ``max_pending``; past it ``emit()``
 raises :class:`RecorderFull` (the event was *not* accepted) and ``await put()`` waits for room.
+
+Nothing waits forever unless asked to: ``flush()`` waits only for what was accepted before it was
+called (so it returns under sustained load), ``close()`` gives the database ``close_timeout`` seconds
+and then spills what is unwritten to a file of its own, and a durable append gives up after
+``durable_timeout`` seconds. One event the database refuses is found by bisecting its batch along
+session lines, so it holds the other sessions back by about one batch, not seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +30,7 @@ from typing import Any
 
 from calltape.errors import CalltapeError, StoreUnavailable
 from calltape.events import Event, dumps_jsonl, make_event, now_ms
+from calltape.eventstore.errors import is_transient
 from calltape.eventstore.store import EventStore
 
 log = logging.getLogger("calltape.recorder")
@@ -48,10 +57,29 @@ class RecorderSpilled(CalltapeError):
         self.path, self.count = path, count
 
 
+class DurableAppendTimeout(StoreUnavailable):
+    """A durable append did not commit within its timeout (the database is slow or unreachable).
+
+    ``withdrawn`` tells the outcome: ``True`` when the event was still queued and has been taken back
+    (it will never be written), ``False`` when it was already being written (it commits as soon as
+    the database answers; its id makes a retry harmless).
+    """
+
+    def __init__(self, timeout: float, withdrawn: bool) -> None:
+        outcome = (
+            "it was taken back and will not be written"
+            if withdrawn
+            else "it is being written and commits when the database answers"
+        )
+        super().__init__(f"a durable append did not commit within {timeout:g}s; {outcome}")
+        self.timeout, self.withdrawn = timeout, withdrawn
+
+
 @dataclass(slots=True)
 class _Pending:
     event: Event
     done: asyncio.Future[Event] | None = None
+    withdrawn: bool = False
 
 
 @dataclass(slots=True)
@@ -70,6 +98,11 @@ def _log_rejected(events: Sequence[Event], error: CalltapeError) -> None:
     log.error("calltape rejected %d event(s) of session %s: %s", len(events), events[0].session, error)
 
 
+_WAIT = object()
+"""``close()``'s default: the recorder's own ``close_timeout``."""
+_TRANSIENT_RETRIES = 3
+
+
 class Recorder:
     def __init__(
         self,
@@ -81,6 +114,8 @@ class Recorder:
         retry_initial: float = 0.05,
         retry_max: float = 2.0,
         on_rejected: RejectHandler = _log_rejected,
+        close_timeout: float | None = 30.0,
+        durable_timeout: float | None = 10.0,
     ) -> None:
         self.store = store
         self.max_batch = max_batch
@@ -89,6 +124,8 @@ class Recorder:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.on_rejected = on_rejected
+        self.close_timeout = close_timeout
+        self.durable_timeout = durable_timeout
         self.stats = RecorderStats()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
@@ -102,6 +139,13 @@ class Recorder:
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # flush() is bounded by counts: events accepted so far, and events finished (committed,
+        # rejected or withdrawn). A flush waits for `finished` to reach `accepted` as it was.
+        self._accepted = 0
+        self._finished = 0
+        self._flush_waiters: list[list[Any]] = []  # [target, future]
+        self._in_handler = False
+        self._last_refusal = CalltapeError("the store refused the write")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -116,16 +160,20 @@ class Recorder:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self, timeout: float | None = None, *, spill_dir: Path | None = None) -> None:
+    async def close(self, timeout: float | object | None = _WAIT, *, spill_dir: Path | None = None) -> None:
         """Flushes everything accepted, then stops the writer.
 
-        With a ``timeout``, a database that stays unreachable does not hold shutdown hostage: what is
-        still unwritten is saved as JSONL in ``spill_dir`` (default: beside the embedded database) and
-        :class:`RecorderSpilled` says where. Import is idempotent, so loading that file later can
-        never duplicate an event that did commit in the meantime.
+        A database that stays unreachable does not hold shutdown hostage: after ``timeout`` seconds
+        (default: the recorder's ``close_timeout``, 30 s; ``None`` waits forever) what is still
+        unwritten is saved as JSONL in a new file in ``spill_dir`` (default: beside the embedded
+        database) and :class:`RecorderSpilled` says where. Import is idempotent, so loading that file
+        later can never duplicate an event that did commit in the meantime.
         """
         if self._closed:
             return
+        if timeout is _WAIT:
+            timeout = self.close_timeout
+        assert timeout is None or isinstance(timeout, (int, float))
         spilled: list[_Pending] = []
         try:
             if timeout is None:
@@ -151,18 +199,32 @@ class Recorder:
             raise error
 
     def _unwritten(self) -> list[_Pending]:
-        pendings = [*self._inflight_batch, *self._queue]
+        pendings = [p for p in (*self._inflight_batch, *self._queue) if not p.withdrawn]
         self._queue.clear()
         return pendings
 
     @staticmethod
     def _spill(events: list[Event], spill_dir: Path | None) -> Path:
+        """Writes a new file that no other process can be handed: a unique name, created exclusively,
+        readable by its owner only, and linked into place only once complete (never a partial file,
+        never an overwrite)."""
         from calltape.eventstore.connect import default_path
 
         folder = spill_dir or default_path().parent / "spill"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"calltape-spill-{now_ms()}.jsonl"
-        path.write_bytes(dumps_jsonl(events))
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = f"calltape-spill-{now_ms()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        partial = folder / f".{name}.partial"
+        path = folder / f"{name}.jsonl"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(dumps_jsonl(events))
+                out.flush()
+                os.fsync(out.fileno())
+            os.link(partial, path)  # fails rather than replace an existing file
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
         return path
 
     @property
@@ -181,6 +243,11 @@ class Recorder:
             raise RecorderFull(f"the recorder already holds {self.max_pending} unwritten events")
         queue = self._queue
         queue.append(_Pending(event))
+        self._accepted += 1
+        if self._in_handler and self._flush_waiters:
+            # Written by a rejection handler while a flush waits: part of what that flush settles.
+            for waiter in self._flush_waiters:
+                waiter[0] += 1
         self._idle.clear()
         if not self._wake.is_set():
             self._wake.set()
@@ -196,27 +263,67 @@ class Recorder:
             except RecorderFull:
                 await self._room.wait()
 
-    async def append(self, event: Event) -> Event:
-        """Durable append: returns the stored event once it has committed (after everything emitted before)."""
+    async def append(self, event: Event, *, timeout: float | object | None = _WAIT) -> Event:
+        """Durable append: returns the stored event once it has committed (after everything emitted before).
+
+        Gives up after ``timeout`` seconds (default: the recorder's ``durable_timeout``, 10 s; ``None``
+        waits forever) with :class:`DurableAppendTimeout`, which says whether the event was taken back.
+        """
         if self._closed:
             raise RecorderClosed("the recorder is closed")
         if self._task is None:
             raise RecorderClosed("the recorder is not started (await recorder.start())")
+        if timeout is _WAIT:
+            timeout = self.durable_timeout
+        assert timeout is None or isinstance(timeout, (int, float))
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(event, done))
+        pending = _Pending(event, done)
+        self._queue.append(pending)
+        self._accepted += 1
         self._durable += 1
         self._idle.clear()
         self._hurry.set()
         self._wake.set()
-        return await done
+        if timeout is None:
+            return await done
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            if done.done():
+                return done.result()
+            withdrawn = pending in self._queue
+            if withdrawn:
+                pending.withdrawn = True
+                self._durable -= 1
+                self._finish(1)
+            raise DurableAppendTimeout(timeout, withdrawn) from None
 
     async def flush(self) -> None:
-        """Waits until everything accepted so far has committed (or been rejected)."""
+        """Waits until every event accepted before this call has committed (or been rejected).
+
+        Events accepted later are not waited for, so a flush returns under sustained load.
+        """
         if self._task is None and self._queue:
             raise RecorderClosed("the recorder is not started (await recorder.start())")
+        if self._finished >= self._accepted:
+            return
+        waiter: list[Any] = [self._accepted, asyncio.get_running_loop().create_future()]
+        self._flush_waiters.append(waiter)
         self._hurry.set()
         self._wake.set()
-        await self._idle.wait()
+        try:
+            await waiter[1]
+        finally:
+            with contextlib.suppress(ValueError):
+                self._flush_waiters.remove(waiter)
+
+    def _finish(self, count: int) -> None:
+        """Counts events settled for good and wakes the flushes they complete."""
+        self._finished += count
+        if self._flush_waiters:
+            for target, future in self._flush_waiters:
+                if self._finished >= target and not future.done():
+                    future.set_result(None)
 
     def session(self, session: str, *, agent: str | None = None, epoch: int | None = None) -> SessionTape:
         return SessionTape(self, session, agent=agent, epoch=epoch)
@@ -239,7 +346,11 @@ class Recorder:
                         await self._hurry.wait()
             while self._queue:
                 n = min(len(self._queue), self.max_batch)
-                batch = [self._queue.popleft() for _ in range(n)]
+                taken = [self._queue.popleft() for _ in range(n)]
+                batch = [p for p in taken if not p.withdrawn]
+                if not batch:
+                    continue
+                n = len(batch)
                 self._durable -= sum(1 for p in batch if p.done is not None)
                 self._inflight = n
                 self._inflight_batch = batch
@@ -248,14 +359,15 @@ class Recorder:
                 self._inflight_batch = []
                 if not self._room.is_set() and self.pending < self.max_pending:
                     self._room.set()
-            if not self._durable:
+            if not self._durable and not self._flush_waiters:
                 self._hurry.clear()
             self._idle.set()
 
     async def _write(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
         try:
             stored = await self._append_retrying([p.event for p in batch], loop)
-        except CalltapeError:
+        except CalltapeError as exc:
+            self._last_refusal = exc
             await self._write_apart(batch, loop)
         else:
             self._settle(batch, stored)
@@ -264,10 +376,12 @@ class Recorder:
             self.stats._outage_started = None
 
     async def _append_retrying(self, events: list[Event], loop: asyncio.AbstractEventLoop) -> list[Event]:
-        """Retries an unreachable store forever (nothing accepted is dropped) and an unexpected error
-        a few times; a rule's verdict (fenced, invalid, conflict) is final. The writer never dies."""
+        """Retries an unreachable store forever (nothing accepted is dropped) and a transient conflict
+        (serialization failure, deadlock, a busy SQLite file) a few times at once. A rule's verdict
+        (fenced, invalid, conflict) is final, and any other error is treated as a verdict on this batch:
+        retrying it would only hold every other session back. The writer never dies."""
         delay = self.retry_initial
-        surprises = 0
+        transient = 0
         while True:
             try:
                 return await self.store.append(events)
@@ -277,10 +391,14 @@ class Recorder:
             except CalltapeError:
                 raise
             except Exception as exc:
-                surprises += 1
-                log.exception("calltape: unexpected error while appending %d event(s)", len(events))
-                if surprises >= 5:
-                    raise CalltapeError(f"the store failed {surprises} times in a row: {exc!r}") from exc
+                if is_transient(exc) and transient < _TRANSIENT_RETRIES:
+                    transient += 1
+                    self.stats.retries += 1
+                    await asyncio.sleep(0)
+                    continue
+                # The message names the error's type only: a driver's text may quote the row.
+                log.error("calltape: the store refused %d event(s) (%s)", len(events), type(exc).__name__)
+                raise CalltapeError(f"the store refused the write ({type(exc).__name__})") from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.retry_max)
 
@@ -291,27 +409,48 @@ class Recorder:
             self.stats._outage_started = loop.time()
 
     async def _write_apart(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
-        """A rule rejected the batch: write each session's events on their own, one by one if needed,
-        so one fenced zombie cannot block the other calls of the process."""
+        """The store refused the batch: find the refused events by bisecting it along session lines, so
+        one fenced zombie or one poison event costs the other calls of the process about
+        2·log2(sessions) small appends, not a retry storm and not one append per session."""
         by_session = sorted(batch, key=lambda p: p.event.session)
-        for _, group_iter in groupby(by_session, key=lambda p: p.event.session):
-            group = list(group_iter)
-            try:
-                self._settle(group, await self._append_retrying([p.event for p in group], loop))
-                continue
-            except CalltapeError:
-                pass
-            for pending in group:
+        groups = [list(g) for _, g in groupby(by_session, key=lambda p: p.event.session)]
+        await self._bisect(groups, loop)
+
+    async def _bisect(self, groups: list[list[_Pending]], loop: asyncio.AbstractEventLoop) -> None:
+        if len(groups) > 1:
+            half = len(groups) // 2
+            for part in (groups[:half], groups[half:]):
+                pendings = [p for g in part for p in g]
                 try:
-                    self._settle([pending], await self._append_retrying([pending.event], loop))
+                    self._settle(pendings, await self._append_retrying([p.event for p in pendings], loop))
                 except CalltapeError as exc:
-                    self.stats.rejected += 1
-                    try:
-                        self.on_rejected([pending.event], exc)
-                    except Exception:
-                        log.exception("calltape: on_rejected failed")
-                    if pending.done is not None and not pending.done.done():
-                        pending.done.set_exception(exc)
+                    self._last_refusal = exc
+                    await self._bisect(part, loop)
+            return
+        # One session's events, just refused together. A lone event has had its verdict; a longer run
+        # is written one by one, in order, so only the refused events are lost.
+        (group,) = groups
+        if len(group) == 1:
+            self._reject(group[0], self._last_refusal)
+            return
+        for pending in group:
+            try:
+                self._settle([pending], await self._append_retrying([pending.event], loop))
+            except CalltapeError as exc:
+                self._reject(pending, exc)
+
+    def _reject(self, pending: _Pending, exc: CalltapeError) -> None:
+        self.stats.rejected += 1
+        self._in_handler = True
+        try:
+            self.on_rejected([pending.event], exc)
+        except Exception:
+            log.exception("calltape: on_rejected failed")
+        finally:
+            self._in_handler = False
+        if pending.done is not None and not pending.done.done():
+            pending.done.set_exception(exc)
+        self._finish(1)
 
     def _settle(self, batch: Sequence[_Pending], stored: Sequence[Event]) -> None:
         self.stats.committed += len(batch)
@@ -320,6 +459,7 @@ class Recorder:
         for pending, event in zip(batch, stored, strict=True):
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(event)
+        self._finish(len(batch))
 
 
 class SessionTape:

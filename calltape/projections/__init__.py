@@ -21,6 +21,7 @@ from calltape.projections.fold import (
 )
 from calltape.projections.formats import (
     FORMATS,
+    ContextFormat,
     UnknownFormat,
     output_text,
     render,
@@ -46,6 +47,7 @@ __all__ = [
     "AtSeq",
     "AtTime",
     "ContextFold",
+    "ContextFormat",
     "ContextStore",
     "Instant",
     "InvalidInstant",

@@ -22,7 +22,7 @@ plan's context the same way. Decisions beyond SPEC section 2:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
@@ -196,6 +196,9 @@ def to_realtime(native: Native) -> list[dict[str, Any]]:
     return events
 
 
+ContextFormat = Literal["native", "openai", "anthropic", "realtime"]
+"""The names :func:`render` accepts (a test keeps this in step with :data:`FORMATS`)."""
+
 FORMATS: Final[dict[str, Callable[[Native], Any]]] = {
     "native": lambda native: native,
     "openai": to_openai,
@@ -204,7 +207,7 @@ FORMATS: Final[dict[str, Callable[[Native], Any]]] = {
 }
 
 
-def render(native: Native, format: str = "native") -> Any:
+def render(native: Native, format: ContextFormat | str = "native") -> Any:
     """The context in ``format`` (one of :data:`FORMATS`)."""
     convert = FORMATS.get(format)
     if convert is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,8 @@ from calltape.runtime.recovery import Recovery
 
 if TYPE_CHECKING:
     from calltape.runtime.session import CallSession
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -205,6 +208,9 @@ class ToolRunner:
                 return ToolOutcome({"status": "unknown"}, "unknown", ran=True)
             return ToolOutcome(final.output, final.status, ran=True)
         except Exception as exc:
+            # The LLM is told `{"error": ...}`; the developer gets the traceback. The line itself names
+            # the tool and the exception type only: the message may quote arguments (event content).
+            log.error("tool %s (call %s) raised %s", name, call_id, type(exc).__name__, exc_info=exc)
             output = {"error": str(exc) or type(exc).__name__}
             await self.call.emit_durable("tool.result", {"call": call_id, "output": output, "error": True})
             return ToolOutcome(output, "error", ran=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
@@ -34,6 +34,7 @@ from calltape.adapters.webhook_auth import verify_bland_signature, verify_retell
 from calltape.errors import CalltapeError, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.projections import build_context
+from calltape.server.limits import AbortedUploads, bounded_protocol
 from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
 
 __all__ = ["ReceiverConfig", "create_app", "run_server"]
@@ -63,6 +64,12 @@ class ReceiverConfig:
     """Largest webhook body, and largest Retell custom-LLM frame."""
     allow_unsigned: bool = False
     session_prefix: str = ""
+    header_timeout: float = 10.0
+    """Seconds a client has to send a request's headers; a trickling client is disconnected."""
+    body_timeout: float = 30.0
+    """Seconds a client has to send a request's body; past it the request gets 408."""
+    max_connections: int = 1000
+    """Open connections the server keeps at most; more are refused at once."""
     retell_llm: RetellLLMEndpoint | None = None
     """Mounts the Retell custom-LLM WebSocket (the application's LLM behind it)."""
 
@@ -77,7 +84,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_body_now(request, limit)
+    except TimeoutError:
+        raise _Reject(408, f"the request body did not arrive within {timeout:g}s") from None
+
+
+async def _read_body_now(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -122,6 +137,7 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
     vapi = VapiIngest(session_prefix=cfg.session_prefix)
     locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
     connections = _Connections(store, locks)
+    aborted = AbortedUploads()
 
     def configured(platform: str, *secrets: str | None) -> None:
         if not any(s is not None for s in secrets) and not cfg.allow_unsigned:
@@ -202,8 +218,11 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
     ) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def route(request: Request) -> JSONResponse:
             try:
-                body = await _read_body(request, cfg.max_body_bytes)
+                body = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout)
                 return JSONResponse(await handler(body, request))
+            except ClientDisconnect:
+                aborted.note()  # nobody is left to answer; counted, not a traceback per request
+                return _error(400, "the client disconnected before its request body arrived")
             except _Reject as exc:
                 return _error(exc.status, exc.message)
             except FencedWrite as exc:
@@ -236,7 +255,9 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         finally:
             await connections.close()  # flushes what the custom-LLM sockets recorded
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.aborted_uploads = aborted
+    return app
 
 
 async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig, log_level: str = "info") -> None:
@@ -256,6 +277,7 @@ async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig
                 timeout_keep_alive=5,
                 lifespan="on",
                 ws_max_size=config.max_body_bytes,
+                http=bounded_protocol(config.header_timeout, config.max_connections),
             )
         )
         await server.serve()

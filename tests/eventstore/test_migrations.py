@@ -130,9 +130,11 @@ def test_url_forms(tmp_path, monkeypatch):
     monkeypatch.setenv("CALLTAPE_DATABASE_URL", "postgresql://env@h/db")
     assert resolve_url() == "postgresql+asyncpg://env@h/db"
     assert resolve_url("sqlite:////tmp/b.db") == "sqlite+aiosqlite:////tmp/b.db"  # explicit beats env
+    # SQLite's in-memory database, both spellings (a private database per opened store: for tests)
+    assert resolve_url("sqlite:///:memory:") == "sqlite+aiosqlite:///:memory:"
+    assert resolve_url("sqlite://") == "sqlite+aiosqlite:///:memory:"
     for bad, words in [
         ("mysql://u@h/db", "PostgreSQL or SQLite"),
-        ("sqlite://", "needs a file path"),
         ("not a url", "not a database URL"),
     ]:
         with pytest.raises(CalltapeError, match=words):

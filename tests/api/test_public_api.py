@@ -1,0 +1,101 @@
+"""The names `import calltape` offers: pinned, listed by dir(), and each one loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import typing
+
+import calltape
+from calltape.events import EVENT_TYPES, EventType
+from calltape.projections import FORMATS, ContextFormat, render
+
+EXPECTED = {
+    "CallSession",
+    "Calltape",
+    "CalltapeError",
+    "ConcurrencyConflict",
+    "ContextFold",
+    "ContextFormat",
+    "Event",
+    "EventStore",
+    "EventType",
+    "FeedPosition",
+    "FencedWrite",
+    "Interrupted",
+    "InvalidEvent",
+    "Recorder",
+    "RecorderFull",
+    "RecorderSpilled",
+    "ResumePlan",
+    "Resumed",
+    "SchemaOutdated",
+    "SessionInfo",
+    "SessionNotFound",
+    "SessionTape",
+    "StoreUnavailable",
+    "ToolOutcome",
+    "ToolSpec",
+    "__version__",
+    "build_context",
+    "connect",
+    "handoff",
+    "make_event",
+    "open_store",
+    "parse_event",
+    "recoveries",
+    "render",
+    "resume",
+    "upgrade",
+}
+
+
+def test_the_exported_names_are_pinned() -> None:
+    # Adding or removing a public name is a decision: update this list with it.
+    assert set(calltape.__all__) == EXPECTED
+    assert len(calltape.__all__) == len(EXPECTED)  # no duplicates
+
+
+def test_dir_lists_the_api_and_nothing_private() -> None:
+    # A fresh interpreter: nothing loaded yet, so dir() must come from __dir__, not from globals.
+    out = subprocess.run(
+        [sys.executable, "-c", "import calltape; print('\\n'.join(dir(calltape)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert set(out) == EXPECTED
+    assert not [name for name in out if name.startswith("_") and name != "__version__"]
+
+
+def test_every_exported_name_loads() -> None:
+    for name in calltape.__all__:
+        assert getattr(calltape, name) is not None, name
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    try:
+        calltape.no_such_name  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("calltape.no_such_name resolved")
+
+
+def test_importing_calltape_loads_no_database_code() -> None:
+    # The CLI imports calltape on every call: the lazy exports must stay lazy.
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, calltape; print(sorted(m for m in sys.modules if 'sqlalchemy' in m))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_literal_types_match_what_the_code_accepts() -> None:
+    assert set(typing.get_args(EventType)) == EVENT_TYPES
+    assert set(typing.get_args(ContextFormat)) == set(FORMATS)
+    native = {"session": "s", "items": [], "pending": {"user_text": None, "tools": []}}
+    for name in typing.get_args(ContextFormat):
+        render(native, name)  # every literal is a format render takes
