@@ -92,7 +92,9 @@ async def sweep(url: str, sessions: int, events: int, log: Any) -> dict[str, Any
     finally:
         await store.close()
     full, full_rss = peak_rss_mib(["--all"], url)
-    log(f"check --all: {full['seconds']} s ({full['cpu_seconds']} s of CPU), peak RSS {full_rss} MiB, {full['violations']} violations")
+    log(
+        f"check --all: {full['seconds']} s ({full['cpu_seconds']} s of CPU), peak RSS {full_rss} MiB, {full['violations']} violations"
+    )
     tenth, tenth_rss = peak_rss_mib(names[: max(1, len(names) // 10)], url)
     log(f"check of a tenth of the sessions: {tenth['seconds']} s, peak RSS {tenth_rss} MiB")
     return {
