@@ -93,7 +93,8 @@ async def sweep(url: str, sessions: int, events: int, log: Any) -> dict[str, Any
         await store.close()
     full, full_rss = peak_rss_mib(["--all"], url)
     log(
-        f"check --all: {full['seconds']} s ({full['cpu_seconds']} s of CPU), peak RSS {full_rss} MiB, {full['violations']} violations"
+        f"check --all: {full['seconds']} s ({full['cpu_seconds']} s of CPU), peak RSS {full_rss} MiB, "
+        f"{full['violations']} violations"
     )
     tenth, tenth_rss = peak_rss_mib(names[: max(1, len(names) // 10)], url)
     log(f"check of a tenth of the sessions: {tenth['seconds']} s, peak RSS {tenth_rss} MiB")
