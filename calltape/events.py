@@ -83,6 +83,8 @@ class Event:
     seq: int | None = None
     checked: bool = field(default=False, compare=False, repr=False)
     """Passed :func:`check_event` (built by :func:`make_event`/:func:`parse_event`, or read from the store)."""
+    redacted: bool = field(default=False, compare=False, repr=False)
+    """Already passed the writer's redaction rules (the store does not run them again)."""
 
     def with_seq(self, seq: int) -> Event:
         return replace(self, seq=seq)
@@ -245,6 +247,11 @@ class SessionDroppedData(_Data):
     reason: str | None = None
 
 
+class SessionRedactedData(_Data):
+    kinds: list[str]
+    spans: int = Field(ge=0)
+
+
 class SessionResumedData(_Data):
     agent: str
     epoch: int = Field(ge=1)
@@ -356,6 +363,7 @@ DATA_MODELS: dict[str, type[_Data]] = {
     "session.ended": SessionEndedData,
     "session.dropped": SessionDroppedData,
     "session.resumed": SessionResumedData,
+    "session.redacted": SessionRedactedData,
     "agent.handoff": AgentHandoffData,
     "agent.instructions": AgentInstructionsData,
     "user.speech.started": UserSpeechStartedData,
@@ -383,6 +391,7 @@ EventType = Literal[
     "session.ended",
     "session.dropped",
     "session.resumed",
+    "session.redacted",
     "agent.handoff",
     "agent.instructions",
     "user.speech.started",

@@ -25,6 +25,7 @@ MINIMAL: dict[str, tuple[dict, dict]] = {
     "session.ended": ({}, {}),
     "session.dropped": ({"reason": "ws closed"}, {"reason": "ws closed"}),
     "session.resumed": ({"agent": "b", "epoch": 2, "from_seq": 7}, {"agent": "b", "epoch": 2, "from_seq": 7}),
+    "session.redacted": ({"kinds": ["card"], "spans": 2}, {"kinds": ["card"], "spans": 2}),
     "agent.handoff": ({"from": "a", "to": "b"}, {"from": "a", "to": "b"}),
     "agent.instructions": ({"text": "be brief"}, {"text": "be brief"}),
     "user.speech.started": ({}, {}),
@@ -55,7 +56,7 @@ def wire(event_type: str, data: object, **extra: object) -> dict:
 
 def test_every_spec_type_has_a_case():
     assert set(MINIMAL) == EVENT_TYPES == set(DATA_MODELS)
-    assert len(EVENT_TYPES) == 22
+    assert len(EVENT_TYPES) == 23  # section 1's 22, and section 6's session.redacted
 
 
 @pytest.mark.parametrize("event_type", sorted(MINIMAL))

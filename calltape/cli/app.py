@@ -18,6 +18,7 @@ import typer
 from calltape.cli import inspect as inspect_cmds
 from calltape.cli import live as live_cmds
 from calltape.cli import log as log_cmds
+from calltape.cli import redact as redact_cmds
 from calltape.cli import timeline as timeline_cmds
 from calltape.cli.common import CliState, err
 from calltape.errors import CalltapeError
@@ -85,6 +86,7 @@ _LIVE = "Live calls"
 app.command("import", rich_help_panel=_LOG)(log_cmds.import_events)
 app.command("export", rich_help_panel=_LOG)(log_cmds.export_events)
 app.command("replay", rich_help_panel=_LOG)(log_cmds.replay)
+app.command("redact", rich_help_panel=_LOG)(redact_cmds.redact)
 
 app.command("sessions", rich_help_panel=_INSPECT)(inspect_cmds.sessions)
 app.command("show", rich_help_panel=_INSPECT)(timeline_cmds.show)

@@ -19,6 +19,7 @@ from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
 from calltape.eventstore.store import EventStore
 from calltape.migrations import HEAD, VERSION_TABLE, alembic_config
+from calltape.redaction import Redactor
 
 ENV_URL = "CALLTAPE_DATABASE_URL"
 MEMORY = ":memory:"
@@ -121,8 +122,17 @@ async def upgrade(url: str | None = None) -> tuple[str | None, str]:
         await engine.dispose()
 
 
-async def open_store(url: str | None = None, *, upgrade_schema: bool | None = None) -> EventStore:
-    """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked."""
+ENV_REDACT = "CALLTAPE_REDACT"
+
+
+async def open_store(
+    url: str | None = None, *, upgrade_schema: bool | None = None, redactor: Redactor | None = None
+) -> EventStore:
+    """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked.
+
+    ``redactor`` (default: the kinds in ``$CALLTAPE_REDACT``, e.g. ``card,email`` or ``all``) is applied to
+    every event appended through this store, and the recorders over it, before it reaches the database.
+    """
     resolved = resolve_url(url)
     sqlite = make_url(resolved).get_backend_name() == "sqlite"
     engine = create_engine(resolved)
@@ -143,4 +153,6 @@ async def open_store(url: str | None = None, *, upgrade_schema: bool | None = No
     except BaseException:
         await engine.dispose()
         raise
-    return SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)
+    store: EventStore = SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)
+    store.redactor = redactor if redactor is not None else Redactor.parse(os.environ.get(ENV_REDACT))
+    return store

@@ -122,6 +122,7 @@ class PostgresEventStore(EventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
+        events = self._redact(events)
         sessions = sorted({e.session for e in events})
         async with self._connection() as conn:
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
@@ -260,6 +261,14 @@ class PostgresEventStore(EventStore):
         return _NotifyWaiter(self.url)
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        async with self._connection() as conn, conn.transaction():
+            await conn.executemany(
+                "UPDATE ct_events SET data = $3::jsonb WHERE session = $1 AND seq = $2",
+                [(session, seq, orjson.dumps(data).decode()) for seq, data in changes],
+            )
+            await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
 
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
         async with self._connection() as conn:

@@ -32,6 +32,7 @@ from calltape.errors import CalltapeError, StoreUnavailable
 from calltape.events import Event, dumps_jsonl, make_event, now_ms
 from calltape.eventstore.errors import is_transient
 from calltape.eventstore.store import EventStore
+from calltape.redaction import RedactingStream, Redactor
 
 log = logging.getLogger("calltape.recorder")
 
@@ -116,6 +117,7 @@ class Recorder:
         on_rejected: RejectHandler = _log_rejected,
         close_timeout: float | None = 30.0,
         durable_timeout: float | None = 10.0,
+        redactor: Redactor | None = None,
     ) -> None:
         self.store = store
         self.max_batch = max_batch
@@ -126,6 +128,8 @@ class Recorder:
         self.on_rejected = on_rejected
         self.close_timeout = close_timeout
         self.durable_timeout = durable_timeout
+        rules = redactor if redactor is not None else getattr(store, "redactor", None)
+        self._redacting: RedactingStream | None = rules.stream() if rules is not None else None
         self.stats = RecorderStats()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
@@ -199,6 +203,7 @@ class Recorder:
             raise error
 
     def _unwritten(self) -> list[_Pending]:
+        self._release_held()
         pendings = [p for p in (*self._inflight_batch, *self._queue) if not p.withdrawn]
         self._queue.clear()
         return pendings
@@ -229,8 +234,9 @@ class Recorder:
 
     @property
     def pending(self) -> int:
-        """Events accepted and not yet committed (queued plus the batch being written)."""
-        return len(self._queue) + self._inflight
+        """Events accepted and not yet committed (queued, held back by redaction, and being written)."""
+        held = self._redacting.holding if self._redacting is not None else 0
+        return len(self._queue) + self._inflight + held
 
     # -- accepting ---------------------------------------------------------------------------
 
@@ -242,7 +248,10 @@ class Recorder:
             self._room.clear()
             raise RecorderFull(f"the recorder already holds {self.max_pending} unwritten events")
         queue = self._queue
-        queue.append(_Pending(event))
+        if self._redacting is None:
+            queue.append(_Pending(event))
+        else:
+            queue.extend(_Pending(e) for e in self._redacting.push(event))
         self._accepted += 1
         if self._in_handler and self._flush_waiters:
             # Written by a rejection handler while a flush waits: part of what that flush settles.
@@ -278,7 +287,17 @@ class Recorder:
         assert timeout is None or isinstance(timeout, (int, float))
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         pending = _Pending(event, done)
-        self._queue.append(pending)
+        if self._redacting is None:
+            self._queue.append(pending)
+        else:
+            # A durable event goes out now, with whatever its session had held back before it.
+            ready = self._redacting.push(event) + self._redacting.release(event.session)
+            for e in ready:
+                if e.id == event.id:
+                    pending.event = e
+                    self._queue.append(pending)
+                else:
+                    self._queue.append(_Pending(e))
         self._accepted += 1
         self._durable += 1
         self._idle.clear()
@@ -305,6 +324,7 @@ class Recorder:
         """
         if self._task is None and self._queue:
             raise RecorderClosed("the recorder is not started (await recorder.start())")
+        self._release_held()
         if self._finished >= self._accepted:
             return
         waiter: list[Any] = [self._accepted, asyncio.get_running_loop().create_future()]
@@ -316,6 +336,14 @@ class Recorder:
         finally:
             with contextlib.suppress(ValueError):
                 self._flush_waiters.remove(waiter)
+
+    def _release_held(self, older_than_ms: int | None = None) -> None:
+        """Queues what redaction held back (everything, or what waited longer than ``older_than_ms``)."""
+        if self._redacting is not None and self._redacting.holding:
+            released = self._redacting.release(older_than_ms=older_than_ms)
+            self._queue.extend(_Pending(e) for e in released)
+            if released:
+                self._wake.set()
 
     def _finish(self, count: int) -> None:
         """Counts events settled for good and wakes the flushes they complete."""
@@ -333,7 +361,14 @@ class Recorder:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
+            if self._redacting is not None and self._redacting.holding:
+                # A held chunk whose turn went quiet is let out after hold_ms.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._redacting.hold_ms / 1000):
+                        await self._wake.wait()
+                self._release_held(older_than_ms=self._redacting.hold_ms)
+            else:
+                await self._wake.wait()
             self._wake.clear()
             if not self._queue:
                 self._idle.set()

@@ -100,6 +100,7 @@ class SqliteEventStore(EventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
+        events = self._redact(events)
         sessions = sorted({e.session for e in events})
         async with self._connection(write=True) as conn:
             await conn.exec_driver_sql(
@@ -247,6 +248,15 @@ class SqliteEventStore(EventStore):
         return SleepWaiter()
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        async with self._connection(write=True) as conn:
+            for seq, data in changes:
+                await conn.exec_driver_sql(
+                    "UPDATE ct_events SET data = ? WHERE session = ? AND seq = ?",
+                    (orjson.dumps(data).decode(), session, seq),
+                )
+            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
 
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
         async with self._connection(write=True) as conn:

@@ -6,11 +6,12 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
+from calltape.redaction import Redactor
 
 log = logging.getLogger("calltape.eventstore")
 
@@ -56,6 +57,14 @@ class EventStore(ABC):
 
     dialect: str
     url: str
+    redactor: Redactor | None = None
+    """Redaction on write: every appended event passes these rules before it reaches the database."""
+
+    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
+        """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
+        if self.redactor is None or all(e.redacted for e in events):
+            return events
+        return self.redactor.events(events)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -142,6 +151,11 @@ class EventStore(ABC):
             await waiter.close()
 
     # -- snapshots ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        """Replaces the ``data`` of stored events in place (``(seq, data)`` pairs) and drops the session's
+        snapshots, in one transaction. Only redaction uses it: the log is otherwise append-only."""
 
     @abstractmethod
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None: ...

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from eventstore_support import TcpProxy, started, terminate_other_backends, text
+from eventstore_support import started, terminate_other_backends, text
 from sqlalchemy.engine import make_url
 
 from calltape.errors import FencedWrite
@@ -156,17 +156,6 @@ async def test_a_fenced_session_does_not_block_the_others(store, session_id):
 
 
 # -- database outage (PostgreSQL through a proxy we can cut) -----------------------------------
-
-
-@pytest.fixture
-async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
-    u = make_url(pg_url)
-    p = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.kill()
 
 
 async def test_recorder_survives_a_database_outage(pg_url, proxy, session_id):

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +24,6 @@ from sqlalchemy.engine import make_url
 from calltape.events import Event, make_event, parse_event
 from calltape.eventstore import EventStore, open_store
 from calltape.eventstore.recorder import DurableAppendTimeout, Recorder, RecorderSpilled
-
-
-@pytest.fixture
-async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
-    u = make_url(pg_url)
-    p = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.kill()
 
 
 def through(pg_url: str, proxy: TcpProxy) -> str:

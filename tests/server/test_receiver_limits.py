@@ -6,55 +6,29 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from receiver_support import free_port, running_receiver
 
 VAPI_SECRET = "vapi-shared-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
     url = f"sqlite:///{tmp_path}/serve.db"
-    port = _free_port()
+    port = free_port()
     code = (
         "import logging; logging.basicConfig(level=logging.WARNING);"
         "from calltape.server import run_server;"
         f"run_server({url!r}, '127.0.0.1', {port}, log_level='warning', vapi_secret={VAPI_SECRET!r},"
         " header_timeout=1.0, body_timeout=1.0, max_connections=50)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60  # a loaded CI machine starts Python slowly
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the receiver did not start: " + (proc.stdout.read().decode() if proc.stdout else ""))
-        time.sleep(0.05)
-    try:
+    with running_receiver(code, port) as (base, proc):
         yield base, proc, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _connect(base: str) -> socket.socket:

@@ -7,8 +7,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,17 +25,12 @@ from calltape.projections import build_context, render
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from receiver_support import free_port, running_receiver  # noqa: E402
 from retell_fake_llm import TOKEN  # noqa: E402
 
 RETELL_KEY = "key_test_retell"
 BLAND_SECRET = "bland-signing-secret"
 VAPI_SECRET = "vapi-shared-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -46,7 +39,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         url = f"sqlite:///{tmp_path_factory.mktemp('serve')}/serve.db"
     else:
         url = request.getfixturevalue("pg_url")
-    port = _free_port()
+    port = free_port()
     code = (
         f"import sys; sys.path.insert(0, {str(HERE)!r});"
         "from retell_fake_llm import ENDPOINT;"
@@ -55,29 +48,8 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         f" bland_secret={BLAND_SECRET!r}, vapi_secret={VAPI_SECRET!r}, max_body_bytes=65536,"
         " retell_llm=ENDPOINT)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"the receiver did not start: {out}")
-            time.sleep(0.05)
+    with running_receiver(code, port) as (base, proc):
         yield base, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert proc.returncode in (0, -15), f"the receiver exited with {proc.returncode}"
 
 

@@ -1,0 +1,179 @@
+"""Redaction on write and after the fact (SPEC section 6), on SQLite and PostgreSQL: the raw value never
+reaches a row, a snapshot or a spill file, and a redacted session's context, export and `show` hold none."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from eventstore_support import started
+from sqlalchemy import text as sql
+
+from calltape.events import make_event
+from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.recorder import Recorder
+from calltape.eventstore.redact_stored import redact_session
+from calltape.projections import build_context, render
+from calltape.redaction import Redactor
+
+CARD = "4242424242424242"
+SPOKEN_HALVES = ("my card is four two four two four two four two", "four two four two four two four two")
+
+
+async def raw_rows(store: EventStore, session: str) -> str:
+    """Everything the database holds for the session, as text (events and snapshots)."""
+    engine = store.engine  # type: ignore[attr-defined]
+    async with engine.connect() as conn:
+        cast = "data::text" if store.dialect == "postgresql" else "data"
+        rows = (await conn.execute(sql(f"SELECT {cast} FROM ct_events WHERE session = :s"), {"s": session})).all()
+        snaps = (await conn.execute(sql("SELECT state FROM ct_snapshots WHERE session = :s"), {"s": session})).all()
+    return "\n".join(str(r[0]) for r in rows) + "\n".join(bytes(r[0]).decode("latin-1") for r in snaps)
+
+
+def leaks(text: str) -> bool:
+    return "4242" in text or "four two" in text
+
+
+async def test_recorder_redacts_a_card_split_across_chunks(store_url: str, session_id: str) -> None:
+    store = await open_store(store_url, redactor=Redactor())
+    try:
+        async with Recorder(store) as rec:
+            rec.emit(started(session_id))
+            rec.emit(make_event(session_id, "user.speech.started", {}))
+            for text in SPOKEN_HALVES:
+                rec.emit(make_event(session_id, "user.transcript", {"text": text, "final": True}))
+                await asyncio.sleep(0.05)  # separate batches: the first half would be written alone
+            rec.emit(make_event(session_id, "tool.call", {"call": "c1", "name": "pay", "arguments": {"card": CARD}}))
+            rec.emit(make_event(session_id, "tool.result", {"call": "c1", "output": f"charged {CARD}"}))
+        assert not leaks(await raw_rows(store, session_id))
+        log = await store.read(session_id)
+        assert [e.data["text"] for e in log if e.type == "user.transcript"] == ["my card is [card]", "[card]"]
+        messages = render((await build_context(store, session_id)).native(), "openai")
+        assert not leaks(orjson.dumps(messages).decode())
+    finally:
+        await store.close()
+
+
+async def test_a_held_chunk_is_written_by_flush_and_after_hold_time(store_url: str, session_id: str) -> None:
+    store = await open_store(store_url, redactor=Redactor())
+    try:
+        rec = await Recorder(store).start()
+        rec.emit(started(session_id))
+        rec.emit(make_event(session_id, "user.transcript", {"text": "my pin is one two three four", "final": True}))
+        await asyncio.wait_for(rec.flush(), 10)  # a flush lets held chunks out
+        assert [e.type for e in await store.read(session_id)][-1] == "user.transcript"
+        rec.emit(make_event(session_id, "user.transcript", {"text": "and five six", "final": True}))
+        await asyncio.sleep(2.5)  # nobody flushes: the chunk goes out after hold_ms on its own
+        assert [e.data.get("text") for e in await store.read(session_id)][-1] == "and five six"
+        await rec.close()
+    finally:
+        await store.close()
+
+
+async def test_store_level_redaction_covers_direct_appends_and_imports(store_url: str, session_id: str) -> None:
+    os.environ["CALLTAPE_REDACT"] = "card,email"
+    try:
+        store = await open_store(store_url)
+    finally:
+        del os.environ["CALLTAPE_REDACT"]
+    try:
+        await store.append(
+            [
+                started(session_id),
+                make_event(session_id, "user.text", {"text": f"card {CARD}, mail me at a@b.io"}),
+            ]
+        )
+        assert not leaks(await raw_rows(store, session_id)) and "a@b.io" not in await raw_rows(store, session_id)
+    finally:
+        await store.close()
+
+
+async def test_redaction_after_the_fact(store: EventStore, session_id: str) -> None:
+    from calltape.projections import snapshot_now
+
+    await store.append(
+        [
+            started(session_id),
+            *[make_event(session_id, "user.transcript", {"text": t, "final": True}) for t in SPOKEN_HALVES],
+            make_event(session_id, "agent.reply.started", {"reply": "r1"}),
+            make_event(session_id, "agent.text", {"reply": "r1", "text": f"I read {CARD}, right?"}),
+            make_event(session_id, "agent.reply.done", {"reply": "r1"}),
+        ]
+    )
+    await snapshot_now(store, session_id)
+    assert leaks(await raw_rows(store, session_id))
+    report = await redact_session(store, session_id, Redactor(kinds=("card",)))
+    assert report.events == 3 and report.spans["card"] >= 3
+    assert not leaks(await raw_rows(store, session_id))  # events rewritten, snapshots dropped
+    log = await store.read(session_id)
+    assert log[-1].type == "session.redacted" and log[-1].data["kinds"] == ["card"]
+    assert not leaks(orjson.dumps(render((await build_context(store, session_id)).native(), "openai")).decode())
+    again = await redact_session(store, session_id, Redactor(kinds=("card",)))
+    assert again.events == 0  # nothing left to find: no second marker
+    assert [e.type for e in await store.read(session_id)].count("session.redacted") == 1
+
+
+def test_cli_redact_then_export_and_show_hold_no_card(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/calls.db"
+
+    async def record() -> None:
+        store = await open_store(db)
+        await store.append(
+            [
+                started("call-r"),
+                *[make_event("call-r", "user.transcript", {"text": t, "final": True}) for t in SPOKEN_HALVES],
+            ]
+        )
+        await store.close()
+
+    asyncio.run(record())
+    cli = [str(Path(sys.executable).with_name("calltape")), "--db", db]
+
+    def calltape(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+
+    result = calltape("redact", "call-r", "--kinds", "card", "--json")
+    assert result.returncode == 0, result.stderr
+    (report,) = orjson.loads(result.stdout)
+    assert report["events"] == 2 and report["spans"]["card"] >= 2
+    for args in (("export", "call-r"), ("show", "call-r"), ("context", "call-r")):
+        shown = calltape(*args)
+        assert shown.returncode == 0, shown.stderr
+        assert not leaks(shown.stdout), args
+    bad = calltape("redact", "call-r", "--kinds", "cards")
+    assert bad.returncode != 0 and "unknown redaction kind" in bad.stderr and "Traceback" not in bad.stderr
+    missing = calltape("redact", "nosuch")
+    assert missing.returncode != 0 and "nosuch" in missing.stderr and "Traceback" not in missing.stderr
+
+
+async def test_a_spill_file_holds_no_raw_card(pg_url: str, session_id: str, tmp_path: Path) -> None:
+    """Closing during an outage spills what is unwritten: through the same rules, held chunks included."""
+    import pytest
+    from eventstore_support import TcpProxy
+    from sqlalchemy.engine import make_url
+
+    from calltape.eventstore.recorder import RecorderSpilled
+
+    u = make_url(pg_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
+    await proxy.start()
+    store = await open_store(
+        u.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False), redactor=Redactor()
+    )
+    try:
+        rec = await Recorder(store, retry_initial=0.02, retry_max=0.1, close_timeout=0.5).start()
+        await rec.append(started(session_id))
+        await proxy.kill()
+        for text in SPOKEN_HALVES:
+            rec.emit(make_event(session_id, "user.transcript", {"text": text, "final": True}))
+        with pytest.raises(RecorderSpilled) as info:
+            await rec.close(spill_dir=tmp_path)
+        spilled = info.value.path.read_text()
+        assert info.value.count == 2 and not leaks(spilled) and "[card]" in spilled
+    finally:
+        await store.close()
+        await proxy.kill()
