@@ -4,13 +4,14 @@
 invariants of the context (every included call has exactly one output right after its assistant
 message; the OpenAI, Anthropic and Realtime formats are requests those APIs accept), at the end of
 the call and at every instant an LLM read the context (each reply's start). On failure it raises
-``AssertionError`` listing every violation, followed by the call's timeline.
+``AssertionError`` listing every violation, and prints the call's timeline on stderr.
 
 The pytest plugin (:mod:`calltape.testing.plugin`) adds the ``calltape_store`` fixture.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
@@ -95,15 +96,23 @@ def timeline_text(events: list[Event], width: int = 140) -> str:
 
 
 def _failure(violations: list[Violation], events: list[Event]) -> AssertionError:
+    """The error names rules, seqs, calls and replies only; the timeline (which shows the call's
+    words and tool outputs) goes to stderr, where pytest shows it under the failing test."""
     lines = [f"{len(violations)} invariant violation{'s' if len(violations) != 1 else ''}:"]
     lines += [f"  {v}" for v in violations]
     for name, group in _sessions(events, None).items():
         if any(v.session == name for v in violations):
             try:
-                lines += ["", f"timeline of {name}:", timeline_text(group)]
+                text = timeline_text(group)
             except Exception as exc:  # the timeline is a courtesy: never hide the violations
-                lines.append(f"(timeline unavailable: {type(exc).__name__})")
+                text = f"(timeline unavailable: {type(exc).__name__})\n"
+            sys.stderr.write(f"calltape: timeline of {name} (first violation at seq {_first(violations, name)}):\n")
+            sys.stderr.write(text)
     return AssertionError("\n".join(lines))
+
+
+def _first(violations: list[Violation], session: str) -> int:
+    return min(v.seq for v in violations if v.session == session)
 
 
 def _assert_events(events: list[Event], session: str | None, options: CheckOptions | None) -> None:

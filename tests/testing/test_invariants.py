@@ -56,13 +56,16 @@ def clean(session: str = "good") -> list[dict[str, Any]]:
     )
 
 
-def test_a_violating_call_fails_with_the_rule_and_its_timeline() -> None:
+def test_a_violating_call_fails_with_the_rule_and_its_timeline(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(AssertionError) as info:
         assert_invariants(queued_call_run_after_barge_in())
     text = str(info.value)
     assert "1 invariant violation:" in text
     assert "bad 7 late-start: tool call 'book_table' [c1]" in text
-    assert "timeline of bad:" in text and "book_table" in text and "barge-in" in text
+    assert "Booking now" not in text and "True" not in text  # no words or outputs in the error
+    timeline = capsys.readouterr().err
+    assert "timeline of bad (first violation at seq 7)" in timeline
+    assert "'Booking now'" in timeline and "barge-in" in timeline and "LATE" in timeline
 
 
 def test_a_clean_call_passes_in_every_shape() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY_TEST = '''
+TINY_TEST = """
 import pytest
 
 from calltape import make_event
@@ -33,7 +33,7 @@ async def test_each_test_gets_an_empty_store(calltape_store):
 
 def test_the_plugin_came_from_the_entry_point(request):
     assert request.config.pluginmanager.get_plugin("calltape") is not None
-'''
+"""
 
 
 @pytest.fixture(scope="module")
