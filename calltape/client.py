@@ -54,7 +54,8 @@ class Calltape:
         max_delay: float = 0.004,
         max_pending: int = 100_000,
         on_rejected: RejectHandler | None = None,
-        close_timeout: float | None = None,
+        close_timeout: float | None = 30.0,
+        durable_timeout: float | None = 10.0,
         spill_dir: Path | None = None,
         bus: RecoveryBus | None = None,
     ) -> None:
@@ -64,10 +65,11 @@ class Calltape:
             "max_batch": max_batch,
             "max_delay": max_delay,
             "max_pending": max_pending,
+            "close_timeout": close_timeout,
+            "durable_timeout": durable_timeout,
         }
         if on_rejected is not None:
             self._recorder_options["on_rejected"] = on_rejected
-        self._close_timeout = close_timeout
         self._spill_dir = spill_dir
         self._bus = bus
         self._store: EventStore | None = None
@@ -99,9 +101,9 @@ class Calltape:
     async def close(self) -> None:
         """Drains the recorder (everything emitted is written, or spilled), then closes the store.
 
-        With ``close_timeout`` given to :func:`connect`, a database that stays unreachable does not hold
-        shutdown hostage: the unwritten events go to a JSONL file and ``RecorderSpilled`` names it (the
-        store is closed all the same). Closing twice is harmless.
+        A database that stays unreachable for ``close_timeout`` seconds (30 by default; ``None`` waits
+        forever) does not hold shutdown hostage: the unwritten events go to a JSONL file and
+        ``RecorderSpilled`` names it (the store is closed all the same). Closing twice is harmless.
         """
         if self._closed:
             return
@@ -111,7 +113,7 @@ class Calltape:
         self.calls.clear()
         try:
             if recorder is not None:
-                await recorder.close(self._close_timeout, spill_dir=self._spill_dir)
+                await recorder.close(spill_dir=self._spill_dir)
         finally:
             if store is not None:
                 await store.close()
@@ -230,7 +232,8 @@ def connect(
     max_delay: float = 0.004,
     max_pending: int = 100_000,
     on_rejected: RejectHandler | None = None,
-    close_timeout: float | None = None,
+    close_timeout: float | None = 30.0,
+    durable_timeout: float | None = 10.0,
     spill_dir: Path | None = None,
     bus: RecoveryBus | None = None,
 ) -> Calltape:
@@ -240,8 +243,9 @@ def connect(
     in-memory database, gone when closed: for tests); default ``$CALLTAPE_DATABASE_URL``, else the
     embedded SQLite file. SQLite stores are upgraded automatically; a PostgreSQL database must be
     upgraded with ``calltape db upgrade`` first (``upgrade_schema=True`` does it here). The recorder
-    options are those of :class:`~calltape.eventstore.recorder.Recorder`; ``close_timeout`` bounds
-    how long closing waits for an unreachable database before spilling to ``spill_dir``.
+    options are those of :class:`~calltape.eventstore.recorder.Recorder`: ``close_timeout`` bounds
+    how long closing waits for an unreachable database before spilling to ``spill_dir``, and
+    ``durable_timeout`` how long a durable append waits.
     """
     return Calltape(
         url,
@@ -251,6 +255,7 @@ def connect(
         max_pending=max_pending,
         on_rejected=on_rejected,
         close_timeout=close_timeout,
+        durable_timeout=durable_timeout,
         spill_dir=spill_dir,
         bus=bus,
     )

@@ -28,6 +28,8 @@ class FencedWrite(CalltapeError):
 
 
 class SessionNotFound(CalltapeError):
+    """The store has no session with this id (a typo, another tenant, or an erased call)."""
+
     def __init__(self, session: str) -> None:
         super().__init__(f"there is no session '{session}'")
         self.session = session

@@ -34,6 +34,7 @@ from calltape.errors import InvalidEvent
 
 
 def now_ms() -> int:
+    """Now, in integer epoch milliseconds (the unit of ``at`` inside calltape)."""
     return time.time_ns() // 1_000_000
 
 
@@ -64,6 +65,7 @@ def parse_time(value: str) -> int:
 
 
 def new_event_id() -> str:
+    """A fresh event id: a UUIDv7, so ids sort roughly by creation time."""
     return str(uuid_utils.uuid7())
 
 
@@ -73,6 +75,11 @@ def new_event_id() -> str:
 
 @dataclass(slots=True)
 class Event:
+    """One event as calltape handles it inside: a slotted record, validated once at the boundary.
+
+    ``at_ms`` is integer milliseconds (RFC 3339 only on the wire); ``seq`` is set by the store.
+    """
+
     type: str
     data: dict[str, Any]
     session: str
@@ -87,9 +94,11 @@ class Event:
     """Already passed the writer's redaction rules (the store does not run them again)."""
 
     def with_seq(self, seq: int) -> Event:
+        """A copy with the store-assigned ``seq``."""
         return replace(self, seq=seq)
 
     def to_wire(self) -> dict[str, Any]:
+        """The event as a wire-format dict (what export writes and import reads)."""
         wire: dict[str, Any] = {"id": self.id, "session": self.session}
         if self.seq is not None:
             wire["seq"] = self.seq
@@ -231,6 +240,8 @@ class _Data(BaseModel):
 
 
 class SessionStartedData(_Data):
+    """``session.started``: the agent, its instructions, the modality, the tenant and where it came from."""
+
     agent: str
     instructions: str | None = None
     modality: Literal["voice", "text"] = "voice"
@@ -240,25 +251,35 @@ class SessionStartedData(_Data):
 
 
 class SessionEndedData(_Data):
+    """``session.ended``: the call ended normally."""
+
     reason: str | None = None
 
 
 class SessionDroppedData(_Data):
+    """``session.dropped``: the transport or the agent process was lost mid-call."""
+
     reason: str | None = None
 
 
 class SessionRedactedData(_Data):
+    """``session.redacted``: which kinds were redacted and how many spans (never the values)."""
+
     kinds: list[str]
     spans: int = Field(ge=0)
 
 
 class SessionResumedData(_Data):
+    """``session.resumed``: the new agent and epoch, and the seq the resume settled from."""
+
     agent: str
     epoch: int = Field(ge=1)
     from_seq: int = Field(ge=0)
 
 
 class AgentHandoffData(_Data):
+    """``agent.handoff``: another agent takes the call, with its instructions."""
+
     from_: str = Field(alias="from")
     to: str
     instructions: str | None = None
@@ -266,53 +287,75 @@ class AgentHandoffData(_Data):
 
 
 class AgentInstructionsData(_Data):
+    """``agent.instructions``: the current agent's system prompt changed."""
+
     text: str
 
 
 class UserSpeechStartedData(_Data):
+    """``user.speech.started``: a VAD edge (or an API signal) that the user began speaking."""
+
     source: Literal["vad", "api"] | None = None
 
 
 class EmptyData(_Data):
+    """Types that carry no data (``user.speech.stopped``)."""
+
     pass
 
 
 class UserTranscriptData(_Data):
+    """``user.transcript``: an STT result; interims replace each other, finals add up."""
+
     text: str
     final: bool
 
 
 class UserTextData(_Data):
+    """``user.text``: typed or injected user input, final at once."""
+
     text: str
 
 
 class ReplyData(_Data):
+    """Types that name one reply (an LLM generation): reply started/done, speech started."""
+
     reply: str
 
 
 class AgentTextData(_Data):
+    """``agent.text``: a chunk of generated text of a reply."""
+
     reply: str
     text: str
 
 
 class AgentSpeechProgressData(_Data):
+    """``agent.speech.progress``: everything the user has heard of the reply so far."""
+
     reply: str
     heard: str
 
 
 class AgentSpeechEndedData(_Data):
+    """``agent.speech.ended``: playout stopped; ``heard`` is the final word on what was heard."""
+
     reply: str
     interrupted: bool
     heard: str | None = None
 
 
 class InterruptionData(_Data):
+    """``interruption``: a barge-in cancels the reply (default: the latest) and stops its playout."""
+
     reply: str | None = None
     cause: str | None = None
     heard: str | None = None
 
 
 class ToolCallData(_Data):
+    """``tool.call``: the LLM asked for a tool call within a reply."""
+
     call: str
     name: str
     arguments: dict[str, Any] | str
@@ -333,28 +376,38 @@ class ToolCallData(_Data):
 
 
 class ToolRefData(_Data):
+    """Types that name one tool call (``tool.started``): from here on it may have had side effects."""
+
     call: str
 
 
 class ToolProgressData(_Data):
+    """``tool.progress``: a checkpoint inside a tool, the state a resume hands back."""
+
     call: str
     state: Any
     message: str | None = None
 
 
 class ToolResultData(_Data):
+    """``tool.result``: the tool finished with this output (``error`` when it failed)."""
+
     call: str
     output: Any
     error: bool | None = None
 
 
 class ToolCancelledData(_Data):
+    """``tool.cancelled``: the tool was stopped or will never report, and whether it may have run."""
+
     call: str
     reason: str
     outcome: Literal["not_run", "unknown"] | None = None
 
 
 class ExtensionData(_Data):
+    """``x.*`` events: any data, stored and exported, never folded."""
+
     pass
 
 
@@ -416,6 +469,7 @@ plain strings). A test keeps this in step with :data:`EVENT_TYPES`."""
 
 
 def is_extension(event_type: str) -> bool:
+    """Whether ``event_type`` is a user extension (``x.<anything>``), which projections ignore."""
     return event_type.startswith("x.") and len(event_type) > 2
 
 
@@ -615,4 +669,5 @@ def load_stored(
 
 
 def dumps_jsonl(events: Iterable[Event]) -> bytes:
+    """Events as JSON Lines (one wire-format object per line), for export and spill files."""
     return b"".join(e.to_json() + b"\n" for e in events)

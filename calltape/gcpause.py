@@ -18,6 +18,7 @@ BULK: Final = 4096
 
 @contextlib.contextmanager
 def gc_paused(count: int) -> Iterator[None]:
+    """Pauses the cyclic GC while ``count`` objects are built in bulk (they are not garbage)."""
     pause = count >= BULK and gc.isenabled()
     if pause:
         gc.disable()

@@ -29,6 +29,8 @@ __all__ = [
 
 
 class BlandTranscript(BaseModel):
+    """One line of Bland's ``transcripts[]``: who spoke (``user``), what, and when."""
+
     model_config = ConfigDict(extra="allow")
 
     id: int | str | None = None

@@ -99,6 +99,7 @@ class FunctionCall:
     item_id: str | None = None
 
     def parsed_arguments(self) -> Any:
+        """The arguments as JSON values (the server sends a JSON string; an empty one means none)."""
         return orjson.loads(self.arguments) if self.arguments.strip() else {}
 
 
@@ -628,12 +629,14 @@ class InworldEndpoint:
 
     @property
     def url(self) -> str:
+        """The WebSocket URL of the Inworld realtime session (key and protocol in the query)."""
         from urllib.parse import urlencode
 
         return f"{self.base_url}?{urlencode({'key': self.session_key, 'protocol': 'realtime'})}"
 
     @property
     def headers(self) -> dict[str, str]:
+        """The ``Authorization: Basic`` header Inworld expects (a raw ``id:secret`` is encoded)."""
         key = self.api_key
         try:  # the portal key is already Base64; encode a raw "id:secret" pair if given one
             base64.b64decode(key, validate=True)

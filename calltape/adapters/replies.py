@@ -48,7 +48,8 @@ __all__ = ["EventCollector", "EventSink", "ReplyTracker"]
 class EventSink(Protocol):
     """Where an adapter writes: :class:`calltape.runtime.CallSession` satisfies it."""
 
-    def emit(self, type: str, data: Mapping[str, Any]) -> Event: ...
+    def emit(self, type: str, data: Mapping[str, Any]) -> Event:
+        """Records one event and returns it; the tracker reads replies back from the call's fold."""
 
 
 class EventCollector:
@@ -71,6 +72,7 @@ class EventCollector:
         self.prefix, self.at_ms, self.events = prefix, at_ms, []
 
     def emit(self, type: str, data: Mapping[str, Any]) -> Event:
+        """Makes the next event of the batch (id ``{prefix}{n}``), folds it and keeps it for the append."""
         event = make_event(
             self.session, type, data, id=f"{self.prefix}{len(self.events) + 1}", at_ms=self.at_ms, agent=self.agent
         )
@@ -177,6 +179,7 @@ class ReplyTracker:
 
     @property
     def holding(self) -> bool:
+        """Whether writes are being held back until :meth:`release` (see :meth:`hold`)."""
         return self._held is not None
 
     def hold(self) -> None:

@@ -88,6 +88,7 @@ class RetellTurn:
 
     @property
     def current(self) -> bool:
+        """Whether this turn is still the one Retell wants answered (a newer ``response_id`` supersedes it)."""
         return self._session.replies.current == self._reply.id
 
     def context(self, format: str = "openai") -> Any:
@@ -103,6 +104,7 @@ class RetellTurn:
         call_id: str | None = None,
         spec: Any = None,
     ) -> Any:
+        """Runs a tool for this turn under guarded execution, shielded from the turn being superseded."""
         return await self._session._run_tool(self._reply, name, arguments, body, call_id, spec)
 
 
@@ -182,6 +184,7 @@ class RetellLLMSession:
         await self.wait_idle()
 
     async def wait_idle(self) -> None:
+        """Waits until every reply generation and tool task of the connection has finished."""
         tasks = [r.task for r in self._replies.values() if r.task is not None]
         tasks += list(self._tools.values())
         if tasks:
@@ -190,6 +193,7 @@ class RetellLLMSession:
     # -- Retell → us ------------------------------------------------------------------------------
 
     async def receive(self, message: Mapping[str, Any]) -> None:
+        """Handles one frame from Retell (ping, transcript update, response or reminder request)."""
         kind = message.get("interaction_type")
         if kind == "ping_pong":
             await self.send({"response_type": "ping_pong", "timestamp": message.get("timestamp")})

@@ -45,6 +45,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class VapiToolCall:
+    """One tool call of a ``tool-calls`` message, normalized from the shapes Vapi sends."""
+
     id: str
     name: str
     arguments: dict[str, Any]
@@ -214,9 +216,11 @@ class VapiIngest:
         self._calls: dict[str, _CallState] = {}
 
     def session_of(self, body: Mapping[str, Any]) -> str:
+        """The calltape session id of the call a Vapi message belongs to."""
         return self.session_prefix + call_id_of(body)
 
     def known(self, session: str) -> bool:
+        """Whether this ingest has seen the session (else restore it from the log before continuing)."""
         return session in self._calls
 
     def restore(self, session: str, fold: ContextFold, *, ended: bool = False) -> None:

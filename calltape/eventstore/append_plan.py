@@ -33,6 +33,8 @@ class SessionInfo:
 
 @dataclass(slots=True)
 class AppendPlan:
+    """What one append decided, before any write: the stored results, the rows to insert, the summaries."""
+
     results: list[Event]
     """One stored event per input event, in input order (a duplicate maps to the stored one)."""
     inserts: list[Event]

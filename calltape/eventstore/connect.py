@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,18 @@ def is_memory(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and (parsed.database or MEMORY) == MEMORY
 
 
+def _create_private(path: Path) -> None:
+    """Creates the embedded database readable by its owner only (it holds what callers said): the
+    directory 0700 and the file 0600 when calltape creates them. SQLite gives its -wal and -shm files
+    the database file's mode. An existing file or directory keeps the mode its owner chose."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def create_engine(url: str) -> AsyncEngine:
+    """An async engine for ``url``: SQLite configured for WAL and explicit BEGIN, PostgreSQL pooled."""
     if is_memory(url):
         # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
         # and hands it to one transaction at a time (SQLite serializes writers anyway).
@@ -79,8 +91,7 @@ def create_engine(url: str) -> AsyncEngine:
         configure_engine(engine)
         return engine
     if make_url(url).get_backend_name() == "sqlite":
-        path = Path(make_url(url).database or "")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(Path(make_url(url).database or ""))
         engine = create_async_engine(url, json_serializer=_json_dumps, json_deserializer=orjson.loads)
         configure_engine(engine)
         return engine

@@ -50,6 +50,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def is_disconnect(exc: BaseException) -> bool:
+    """Whether the error means the database is unreachable (so retrying later may succeed)."""
     if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
         return True
     return any(
@@ -59,6 +60,7 @@ def is_disconnect(exc: BaseException) -> bool:
 
 @contextlib.asynccontextmanager
 async def translate_errors(url: str) -> AsyncIterator[None]:
+    """Turns driver errors into ``StoreUnavailable`` or ``SchemaOutdated`` naming the database."""
     try:
         yield
     except (StoreUnavailable, SchemaOutdated):

@@ -98,6 +98,8 @@ def _columns(rows: Sequence[Any], names: Sequence[str]) -> list[list[Any]]:
 
 
 class PostgresEventStore(EventStore):
+    """The PostgreSQL event log: the feed ordered by ``(txid, pos)``, LISTEN/NOTIFY wake-ups."""
+
     dialect = "postgresql"
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:

@@ -85,6 +85,8 @@ class _Pending:
 
 @dataclass(slots=True)
 class RecorderStats:
+    """Counters of the writer (batches, retries, rejections, outage time), for metrics and tests."""
+
     committed: int = 0
     batches: int = 0
     retries: int = 0
@@ -105,6 +107,11 @@ _TRANSIENT_RETRIES = 3
 
 
 class Recorder:
+    """Batches events from the voice loop into group commits, so recording never waits on the database.
+
+    ``emit`` enqueues (no I/O), ``append`` waits for the commit, ``close`` flushes or spills.
+    """
+
     def __init__(
         self,
         store: EventStore,
@@ -154,6 +161,7 @@ class Recorder:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> Recorder:
+        """Starts the writer task (idempotent); returns the recorder."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="calltape-recorder")
         return self
@@ -354,6 +362,7 @@ class Recorder:
                     future.set_result(None)
 
     def session(self, session: str, *, agent: str | None = None, epoch: int | None = None) -> SessionTape:
+        """A writer for one session: events made with its agent and epoch (the fencing token)."""
         return SessionTape(self, session, agent=agent, epoch=epoch)
 
     # -- writing -----------------------------------------------------------------------------
@@ -514,6 +523,7 @@ class SessionTape:
         at_ms: int | None = None,
         id: str | None = None,
     ) -> Event:
+        """Builds a validated event of this session with the tape's agent and epoch."""
         return make_event(self.session, event_type, data, id=id, agent=self.agent, epoch=self.epoch, at_ms=at_ms)
 
     def emit(
@@ -537,4 +547,5 @@ class SessionTape:
         at_ms: int | None = None,
         id: str | None = None,
     ) -> Event:
+        """Records one event and returns the stored event once it has committed."""
         return await self.recorder.append(self.make(event_type, data, at_ms=at_ms, id=id))

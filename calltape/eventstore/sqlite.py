@@ -77,6 +77,8 @@ def _info(row: Any) -> SessionInfo:
 
 
 class SqliteEventStore(EventStore):
+    """The embedded SQLite event log: writers take the lock up front, so ``pos`` is commit order."""
+
     dialect = "sqlite"
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:

@@ -27,6 +27,7 @@ class FeedPosition(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> FeedPosition:
+        """Reads a position as printed (``TXID:POS``, or ``POS`` alone)."""
         txid, _, pos = text.strip().rpartition(":")
         try:
             return cls(int(txid or 0), int(pos))
@@ -41,14 +42,19 @@ class ChangeWaiter(ABC):
     """Sleeps until the log may have changed (a wake-up only: readers always re-read the feed)."""
 
     @abstractmethod
-    async def wait(self, seconds: float) -> None: ...
+    async def wait(self, seconds: float) -> None:
+        """Returns after at most ``seconds``, earlier when the log may have changed."""
 
     async def close(self) -> None:
+        """Releases what the waiter holds (a LISTEN connection, say)."""
         return None
 
 
 class SleepWaiter(ChangeWaiter):
+    """A waiter that only sleeps: polling, for stores without change notifications."""
+
     async def wait(self, seconds: float) -> None:
+        """Sleeps ``seconds``."""
         await asyncio.sleep(seconds)
 
 
@@ -90,7 +96,8 @@ class EventStore(ABC):
         """The longest prefix of the session whose events all happened at or before ``at_ms``."""
 
     @abstractmethod
-    async def session_info(self, session: str) -> SessionInfo | None: ...
+    async def session_info(self, session: str) -> SessionInfo | None:
+        """The session's summary (agent, tenant, status, event count, epoch, times), or None."""
 
     @abstractmethod
     async def sessions(
@@ -119,7 +126,8 @@ class EventStore(ABC):
         """The position after which new events will appear (for following from now)."""
 
     @abstractmethod
-    def change_waiter(self) -> ChangeWaiter: ...
+    def change_waiter(self) -> ChangeWaiter:
+        """A waiter that wakes subscribers when the log may have changed."""
 
     async def subscribe(
         self,
@@ -158,7 +166,8 @@ class EventStore(ABC):
         snapshots, in one transaction. Only redaction uses it: the log is otherwise append-only."""
 
     @abstractmethod
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None: ...
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        """Stores a fold snapshot of a session at ``seq`` for fold ``version`` (saving it again is harmless)."""
 
     @abstractmethod
     async def load_snapshot(
@@ -169,7 +178,8 @@ class EventStore(ABC):
     # -- lifecycle ---------------------------------------------------------------------------
 
     @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Closes the store's connections."""
 
     async def __aenter__(self) -> EventStore:
         return self

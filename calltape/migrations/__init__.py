@@ -16,6 +16,7 @@ VERSION_TABLE = "calltape_alembic_version"
 
 
 def alembic_config() -> Config:
+    """The Alembic configuration of calltape's own migrations (shipped in the package)."""
     from alembic.config import Config
 
     cfg = Config()
@@ -24,6 +25,7 @@ def alembic_config() -> Config:
 
 
 def head_revision() -> str:
+    """The newest migration revision: what a store must be at to be used."""
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()

@@ -35,17 +35,22 @@ class _SessionInfo(Protocol):
 class ContextStore(Protocol):
     """What :func:`build_context` needs from ``calltape.eventstore``."""
 
-    async def read(self, session: str, *, after_seq: int = 0, to_seq: int | None = None) -> list[Event]: ...
+    async def read(self, session: str, *, after_seq: int = 0, to_seq: int | None = None) -> list[Event]:
+        """A session's events with ``after_seq < seq <= to_seq``."""
 
-    async def seq_at_time(self, session: str, at_ms: int) -> int: ...
+    async def seq_at_time(self, session: str, at_ms: int) -> int:
+        """The longest prefix of the session whose events happened at or before ``at_ms``."""
 
-    async def session_info(self, session: str) -> Any: ...
+    async def session_info(self, session: str) -> Any:
+        """The session's summary, or None when it does not exist."""
 
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None: ...
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        """Keeps a fold snapshot so later rebuilds start from it."""
 
     async def load_snapshot(
         self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None: ...
+    ) -> tuple[int, bytes] | None:
+        """The newest snapshot of ``version`` at or before ``max_seq``, as ``(seq, state)``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,6 +210,8 @@ _Item = _User | _Reply | _Handoff
 
 @dataclass(frozen=True, slots=True)
 class ToolCallState:
+    """A read-only view of one tool call: what resume and guarded execution decide from."""
+
     call_id: str
     name: str
     arguments: str
@@ -386,18 +388,22 @@ class ContextFold:
 
     @property
     def clean(self) -> bool:
+        """Whether nothing is in flight after the last event (a point resume can start from)."""
         return not (self._generating or self._unheard or self._open_calls or self._flags)
 
     @property
     def dropped(self) -> bool:
+        """Whether the session is dropped and not resumed yet."""
         return "dropped" in self._flags
 
     @property
     def user_speaking(self) -> bool:
+        """Whether the user is mid-utterance (speech started, not stopped)."""
         return "speaking" in self._flags
 
     @property
     def pending_user_text(self) -> str | None:
+        """The latest interim transcript not yet made final, if any."""
         return self._interim
 
     @property

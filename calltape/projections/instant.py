@@ -20,11 +20,15 @@ class InvalidInstant(CalltapeError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class AtSeq:
+    """An instant given as a seq: the fold of events 1..seq."""
+
     seq: int
 
 
 @dataclass(frozen=True, slots=True)
 class AtTime:
+    """An instant given as a time: the events that happened at or before it."""
+
     at_ms: int
 
 

@@ -37,12 +37,15 @@ log = logging.getLogger("calltape.recovery")
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
+    """One thing calltape saved a call from (a resume, a timeout, a late result, a fenced write…), with its figures."""
+
     kind: RecoveryKind
     session: str
     figures: dict[str, Any] = field(default_factory=dict)
     at_ms: int = field(default_factory=now_ms)
 
     def as_data(self) -> dict[str, Any]:
+        """The recovery as the data of its ``x.recovery`` event."""
         return {"kind": self.kind, **self.figures}
 
 
@@ -50,6 +53,7 @@ Sink = Callable[[Recovery], None]
 
 
 def logging_sink(recovery: Recovery) -> None:
+    """The default sink: one log line with the kind, the session and the figures (no content)."""
     figures = " ".join(f"{k}={v}" for k, v in recovery.figures.items())
     log.info("calltape recovery %s session=%s %s", recovery.kind, recovery.session, figures)
 
@@ -76,11 +80,13 @@ class RecoverySubscription:
         return await self._queue.get()
 
     def close(self) -> None:
+        """Leaves the stream: no more recoveries arrive."""
         if self._stream is not None:
             self._stream._subscribers.discard(self)
             self._stream = None
 
     async def aclose(self) -> None:
+        """Leaves the stream (async form, for ``contextlib.aclosing``)."""
         self.close()
 
     async def __aenter__(self) -> RecoverySubscription:
@@ -99,6 +105,7 @@ class RecoveryStream:
         self._maxsize = maxsize
 
     def __call__(self, recovery: Recovery) -> None:
+        """Hands the recovery to every subscriber (a full subscriber misses it rather than blocking)."""
         for subscriber in list(self._subscribers):
             subscriber._put(recovery)
 
@@ -143,9 +150,11 @@ class RecoveryBus:
             self.sinks.append(otel)
 
     def add_sink(self, sink: Sink) -> None:
+        """Adds a sink that every later recovery is reported to."""
         self.sinks.append(sink)
 
     def report(self, recovery: Recovery) -> None:
+        """Reports a recovery to every sink; a failing sink is logged, never raised into the call."""
         for sink in self.sinks:
             try:
                 sink(recovery)

@@ -24,6 +24,8 @@ _TOOL_EVENTS = frozenset({"tool.call", "tool.started", "tool.progress", "tool.re
 
 @dataclass(frozen=True, slots=True)
 class ToolDecision:
+    """What a resume decided for one tool call left open: ``reuse``, ``retry`` or ``unknown``."""
+
     call_id: str
     name: str
     status: str
@@ -34,6 +36,7 @@ class ToolDecision:
     has_progress: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """The decision as the plan's JSON (``call_id``, ``name``, ``status``, ``decision``, ``progress?``)."""
         out: dict[str, Any] = {
             "call_id": self.call_id,
             "name": self.name,
@@ -47,6 +50,8 @@ class ToolDecision:
 
 @dataclass(slots=True)
 class ResumePlan:
+    """What a resume did: the checkpoint, the new epoch, the settled context and the tool decisions."""
+
     session: str
     agent: str
     epoch: int
@@ -60,6 +65,7 @@ class ResumePlan:
     fold: ContextFold | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        """The plan as JSON (what ``calltape resume`` prints)."""
         return {
             "session": self.session,
             "agent": self.agent,

@@ -22,6 +22,13 @@ from calltape.runtime.waits import Interrupted, PlayoutWaiters
 
 
 class CallSession:
+    """One live call: its writer, its live context, its playout waiters and its guarded tools.
+
+    Every event goes through :meth:`emit` (no I/O) and is folded at once, so the context the
+    agent gets now is the context the log will rebuild later. Open one with :meth:`start` or
+    :meth:`attach` (or ``calltape.connect(...).start_call``).
+    """
+
     def __init__(
         self,
         recorder: Recorder,
@@ -92,10 +99,12 @@ class CallSession:
 
     @property
     def agent(self) -> str | None:
+        """The agent currently holding the call (changes on handoff and resume)."""
         return self.fold.agent
 
     @property
     def epoch(self) -> int | None:
+        """This writer's epoch: a writer of an older epoch is refused by the store."""
         return self.tape.epoch
 
     def emit(
@@ -169,12 +178,15 @@ class CallSession:
     # -- reading the live context -------------------------------------------------------------
 
     def context(self, format: str = "native") -> Any:
+        """The live context in ``format`` (``native``, ``openai``, ``anthropic`` or ``realtime``)."""
         return render(self.fold.native(), format)
 
     def call_state(self, call_id: str) -> ToolCallState | None:
+        """What the live fold knows about a tool call, or None for an unknown call id."""
         return self.fold.tool_call(call_id)
 
     def reply_interrupted(self, reply: str) -> bool:
+        """Whether the reply was interrupted (so its unstarted tool calls must never start)."""
         state = self.fold.reply_state(reply)
         return state is not None and state.interrupted
 
@@ -249,7 +261,9 @@ class CallSession:
         return self.context(format)
 
     async def end(self, reason: str | None = None) -> None:
+        """Ends the call normally (``session.ended``, durable)."""
         await self.emit_durable("session.ended", {"reason": reason} if reason else {})
 
     async def drop(self, reason: str | None = None) -> None:
+        """Records that the call was lost mid-call (``session.dropped``, durable), so it can be resumed."""
         await self.emit_durable("session.dropped", {"reason": reason} if reason else {})

@@ -58,6 +58,8 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
+    """How a guarded tool call turned out: its output, its status, and whether the body ran this time."""
+
     output: Any
     status: str
     """completed, error, timeout, cancelled or unknown."""
@@ -109,6 +111,7 @@ class ToolRunner:
         reply: str | None = None,
         spec: ToolSpec | None = None,
     ) -> ToolOutcome:
+        """Runs one tool call under the log's protection (see :meth:`CallSession.run_tool`)."""
         spec = spec or self.call.tools.get(name) or ToolSpec()
         pending = self._results.get(call_id)
         if pending is not None:  # the same call asked again while it runs: wait for the one run

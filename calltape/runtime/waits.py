@@ -27,14 +27,17 @@ class PlayoutWaiters:
         self._waiting: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
 
     def add(self, reply: str) -> asyncio.Future[None]:
+        """A future for the end of ``reply``'s playout."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[reply].append(future)
         return future
 
     def has(self, reply: str) -> bool:
+        """Whether anyone waits for ``reply``'s playout."""
         return bool(self._waiting.get(reply))
 
     def discard(self, reply: str, future: asyncio.Future[None]) -> None:
+        """Forgets one waiter (it gave up or timed out)."""
         futures = self._waiting.get(reply)
         if futures and future in futures:
             futures.remove(future)
@@ -42,6 +45,7 @@ class PlayoutWaiters:
                 del self._waiting[reply]
 
     def finish(self, reply: str) -> int:
+        """Releases the waiters of ``reply`` normally (playout ended); returns how many."""
         return self._settle(self._waiting.pop(reply, []), None)
 
     def interrupt(self, reply: str | None, cause: str | None = None) -> int:

@@ -50,6 +50,8 @@ MAX_SESSION_ID = 512
 
 @dataclass(frozen=True, slots=True)
 class ReceiverConfig:
+    """The receiver's settings: each platform's credentials, size and time limits."""
+
     vapi_secret: str | None = None
     """Legacy ``X-Vapi-Secret`` value."""
     vapi_bearer: str | None = None

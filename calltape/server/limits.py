@@ -31,6 +31,7 @@ class BoundedH11Protocol(H11Protocol):
         self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Refuses connections past the cap; otherwise starts the header deadline."""
         if len(self.connections) >= self.max_connections:
             transport.abort()  # past the cap: refused before it costs anything
             return
@@ -38,17 +39,20 @@ class BoundedH11Protocol(H11Protocol):
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stops the deadline and tears down the connection."""
         self._disarm()
         if getattr(self, "transport", None) is None:
             return  # refused in connection_made: nothing of ours to tear down
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
+        """Stops the header deadline once the headers are in (the application bounds the body)."""
         super().handle_events()
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # the headers are in; the application bounds the body
 
     def on_response_complete(self) -> None:
+        """Re-arms the header deadline for the next request on a kept-alive connection."""
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm()  # the next request on this connection gets its own deadline

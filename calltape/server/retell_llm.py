@@ -64,6 +64,7 @@ class RetellLLMEndpoint:
 
     @property
     def path(self) -> str:
+        """The route this endpoint serves (with the path secret when there is one)."""
         return "/retell/llm/{token}/{call_id}" if self.token is not None else "/retell/llm/{call_id}"
 
 

@@ -62,7 +62,8 @@ class CallSink(Protocol):
     ``emit`` (returning the event it made) is enough for recording.
     """
 
-    def emit(self, type: str, data: Mapping[str, Any]) -> Event: ...
+    def emit(self, type: str, data: Mapping[str, Any]) -> Event:
+        """Records one event without waiting and returns it (the tap never blocks the voice loop)."""
 
 
 # Sessions the tap is attached to, so guarded tools find their call from the RunContext alone.

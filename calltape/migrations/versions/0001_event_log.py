@@ -17,6 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Creates the event log: events, sessions, snapshots."""
     postgres = op.get_bind().dialect.name == "postgresql"
     op.create_table(
         "ct_sessions",
@@ -82,6 +83,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Drops the event log."""
     op.drop_table("ct_snapshots")
     op.drop_table("ct_events")
     op.drop_index("ct_sessions_last_at", table_name="ct_sessions")
