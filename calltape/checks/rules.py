@@ -80,6 +80,7 @@ def _seconds(ms: int) -> str:
 
 @rule("orphan-call", "an included tool call never got a result or a cancel although the call ended or resumed")
 def orphan_call(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A call left open when the call ended (or was resumed and not run again) never reaches the LLM settled."""
     for call in facts.calls.values():
         if call.status != "in_progress" or not call.included:
             continue
@@ -105,6 +106,7 @@ def orphan_call(facts: SessionFacts, options: CheckOptions) -> Iterator[Violatio
 
 @rule("late-start", "a call of an interrupted reply started after the interruption")
 def late_start(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A call of a cancelled generation must never start (SPEC section 3); pipecat-ai#4997's shape."""
     for call in facts.calls.values():
         for start in call.starts:
             if start.late:
@@ -121,6 +123,7 @@ def late_start(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation
 
 @rule("double-run", "a call id started twice within one epoch, or again after its result")
 def double_run(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A tool with side effects must run once per call id (a resume's retry in a new epoch aside)."""
     for call in facts.calls.values():
         first_in_epoch: dict[int, int] = {}
         for start in call.starts:
@@ -144,6 +147,7 @@ def double_run(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation
 
 @rule("stale-epoch", "an event written with an epoch older than the session's")
 def stale_epoch(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A write from a fenced (zombie) agent got into the log."""
     for seq, epoch, current in facts.stale:
         yield Violation(
             facts.session,
@@ -155,6 +159,7 @@ def stale_epoch(facts: SessionFacts, options: CheckOptions) -> Iterator[Violatio
 
 @rule("talk-over", "the agent kept talking after a barge-in longer than the threshold")
 def talk_over(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """The agent kept talking over the caller after the barge-in."""
     for barge in facts.barge_ins:
         if barge.ended_at_ms is None:
             yield Violation(
@@ -177,6 +182,7 @@ def talk_over(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]
 
 @rule("late-tokens", "text of a reply kept arriving after its interruption")
 def late_tokens(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """The LLM kept generating for a cancelled reply (wasted tokens, a generation not cancelled)."""
     for reply in facts.replies.values():
         if reply.late_text_seqs:
             count = len(reply.late_text_seqs)
@@ -191,6 +197,7 @@ def late_tokens(facts: SessionFacts, options: CheckOptions) -> Iterator[Violatio
 
 @rule("unsettled-drop", "a dropped call that nobody resumed or ended")
 def unsettled_drop(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A dropped call nobody resumed or ended leaves its caller and its tools in limbo."""
     if facts.last_core_type != "session.dropped" or facts.last_core_at_ms is None:
         return
     from calltape.events import now_ms
@@ -219,6 +226,7 @@ def _age(ms: int) -> str:
 
 @rule("slow-tool", "a tool ran longer than its declared timeout (else 30 s)")
 def slow_tool(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A tool over its timeout means a caller waiting in silence."""
     last_at = facts.last_at_ms
     for call in facts.calls.values():
         limit_s = call.timeout_s if call.timeout_s is not None else options.default_tool_timeout_s
