@@ -109,6 +109,9 @@ class ResumeResults:
     settled: int = 0
     tools: int = 0
     snapshot_seq: int = 0
+    rebuild_ms: list[float] = field(default_factory=list)
+    """``build_context`` from the snapshot plus the dropped tail, before the first resume."""
+    snapshot_bytes: int = 0
 
 
 def _open_tail(k: int, epoch: int, agent: str) -> list[tuple[str, dict[str, Any]]]:
@@ -131,7 +134,7 @@ async def resume_benchmark(
     store: EventStore, *, events: int, repeats: int, log: Callable[[str], None]
 ) -> ResumeResults:
     from calltape.events import make_event
-    from calltape.projections import snapshot_now
+    from calltape.projections import FOLD_VERSION, build_context, snapshot_now
     from calltape.runtime import ToolSpec, resume
 
     session = f"hour-{events}"
@@ -152,6 +155,14 @@ async def resume_benchmark(
         await store.append(tail)
 
     await drop(0)
+    loaded = await store.load_snapshot(session, FOLD_VERSION)
+    res.snapshot_bytes = len(loaded[1]) if loaded is not None else 0
+    for i in range(12):
+        gc.collect()
+        t0 = time.perf_counter()
+        await build_context(store, session)
+        if i >= 2:
+            res.rebuild_ms.append((time.perf_counter() - t0) * 1000)
     # dry runs: the same plan again and again, nothing appended
     for i in range(repeats + 3):
         gc.collect()

@@ -66,6 +66,8 @@ class Sizes:
     snapshot_tail: int
     resume_events: int
     resume_repeats: int
+    resume_by_events: tuple[int, ...]
+    resume_by_repeats: int
     interrupt_samples: int
     interrupt_load_sessions: int
     es_per_event: int
@@ -86,6 +88,8 @@ QUICK = Sizes(
     snapshot_tail=500,
     resume_events=5_000,
     resume_repeats=20,
+    resume_by_events=(2_000, 5_000, 10_000),
+    resume_by_repeats=10,
     interrupt_samples=100,
     interrupt_load_sessions=50,
     es_per_event=300,
@@ -106,6 +110,8 @@ FULL = Sizes(
     snapshot_tail=500,
     resume_events=50_000,
     resume_repeats=100,
+    resume_by_events=(10_000, 50_000, 200_000),
+    resume_by_repeats=30,
     interrupt_samples=500,
     interrupt_load_sessions=200,
     es_per_event=2_000,
@@ -343,6 +349,23 @@ class Suite:
 
         s = self.sizes
         r = await live.resume_benchmark(store, events=s.resume_events, repeats=s.resume_repeats, log=self.log)
+        # How resume and the snapshot rebuild grow with the call (goal: flat).
+        by_events = []
+        for n in s.resume_by_events:
+            rn = r if n == s.resume_events else await live.resume_benchmark(
+                store, events=n, repeats=s.resume_by_repeats, log=self.log
+            )
+            by_events.append(
+                {
+                    "events": rn.events,
+                    "resume_p50_ms": _r(percentile(rn.real_ms, 50), 2),
+                    "resume_p99_ms": _r(percentile(rn.real_ms, 99), 2),
+                    "dry_run_p99_ms": _r(percentile(rn.dry_run_ms, 99), 2),
+                    "rebuild_snapshot_ms": _r(statistics.median(rn.rebuild_ms), 2),
+                    "snapshot_bytes": rn.snapshot_bytes,
+                    "repeats": len(rn.real_ms),
+                }
+            )
         self.result["resume_p99_ms"] = _r(percentile(r.real_ms, 99), 2)
         self.spread["resume_p99_ms"] = Spread(percentile(r.real_ms, 99), min(r.real_ms), max(r.real_ms), len(r.real_ms))
         self.details["resume"] = {
@@ -352,6 +375,7 @@ class Suite:
             "tool_decisions": r.tools,
             "resume_ms": latency_summary(r.real_ms, 2),
             "dry_run_ms": latency_summary(r.dry_run_ms, 2),
+            "by_events": by_events,
         }
         self.log(
             f"  resume p50 {percentile(r.real_ms, 50):.1f} ms p99 {percentile(r.real_ms, 99):.1f} ms; "

@@ -1,8 +1,9 @@
 """OpenAI Realtime API tap (and Inworld's Realtime API, which speaks the same events).
 
 The application keeps its own Realtime connection; it hands every server event it receives and every
-client event it sends to :class:`RealtimeTap`, which records calltape events into a live call (anything
-with ``emit(type, data)``, normally a :class:`calltape.runtime.CallSession`).
+client event it sends to :class:`RealtimeTap`, which records calltape events into a live call (a
+:class:`calltape.runtime.LiveCall`, such as :class:`calltape.runtime.CallSession`; recording alone needs
+only an :class:`calltape.runtime.EventSink`).
 
 Three protocol facts shape the mapping:
 
@@ -46,10 +47,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from calltape.adapters.replies import EventSink, ReplyTracker
+from calltape.adapters.replies import ReplyTracker
 from calltape.errors import InvalidEvent
 from calltape.events import now_ms
 from calltape.projections import output_text, to_realtime
+from calltape.runtime.protocol import EventSink, LiveCall
+from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
 if TYPE_CHECKING:
     from openai.types.realtime import ConversationItemCreateEvent
@@ -249,20 +252,22 @@ class RealtimeTap:
         fc: FunctionCall,
         body: Callable[..., Awaitable[Any]],
         *,
-        spec: Any = None,
-    ) -> Any:
-        """Runs a completed call under calltape's guarded execution (``CallSession.run_tool``)."""
-        run = getattr(self.call, "run_tool", None)
-        if run is None:
-            raise TypeError("guarded execution needs a calltape CallSession as the tap's call")
+        spec: ToolSpec | None = None,
+    ) -> ToolOutcome:
+        """Runs a completed call under calltape's guarded execution (:meth:`LiveCall.run_tool`)."""
+        call = self.call
+        if not isinstance(call, LiveCall):
+            raise TypeError("guarded execution needs a live calltape call (a LiveCall) as the tap's call")
         self._running[fc.call_id] = fc
         try:
-            outcome = await run(fc.call_id, fc.name, fc.parsed_arguments(), body, reply=fc.response_id, spec=spec)
+            outcome = await call.run_tool(
+                fc.call_id, fc.name, fc.parsed_arguments(), body, reply=fc.response_id, spec=spec
+            )
         finally:
             self._running.pop(fc.call_id, None)
         self._results.add(fc.call_id)
         if self.send is not None:
-            await self._put_output(fc, getattr(outcome, "output", outcome))
+            await self._put_output(fc, outcome.output)
         return outcome
 
     async def reconcile(self) -> None:

@@ -14,7 +14,7 @@ What stays in an adapter is what only its platform knows (Realtime's audio byte 
 
 Using it::
 
-    replies = ReplyTracker(call)          # call: a CallSession (its live fold is used)
+    replies = ReplyTracker(call)          # call: a LiveCall, e.g. a CallSession (its live fold is used)
     rid = replies.begin()                 # agent.reply.started, a new id (or begin("resp_1"))
     replies.text(rid, "Let me check")     # agent.text (dropped once the reply is interrupted)
     replies.done(rid)                     # agent.reply.done, once
@@ -30,30 +30,28 @@ queries keep answering as if they were written: they read a scratch copy of the 
 held events folded in. :meth:`ReplyTracker.emit` with ``jump=True`` writes past the buffer at once.
 :meth:`ReplyTracker.release` writes the buffer in order.
 
-A call without a fold (any object with ``emit(type, data) -> Event``, e.g. a test sink) is folded by
-the tracker itself, from the events ``emit`` returns.
+A call without a fold (a bare :class:`~calltape.runtime.EventSink`: any object with
+``emit(type, data) -> Event``, e.g. a test sink) is folded by the tracker itself, from the events
+``emit`` returns. A :class:`~calltape.runtime.FoldedSink` (a live call, or an :class:`EventCollector`)
+lends the tracker its own fold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from calltape.events import Event, make_event, new_event_id
 from calltape.projections import ContextFold, ReplyState
+from calltape.runtime.protocol import EventSink, FoldedSink
 
+# EventSink is re-exported from here (its first home) for code that imported it from the adapters.
 __all__ = ["EventCollector", "EventSink", "ReplyTracker"]
 
 
-class EventSink(Protocol):
-    """Where an adapter writes: :class:`calltape.runtime.CallSession` satisfies it."""
-
-    def emit(self, type: str, data: Mapping[str, Any]) -> Event:
-        """Records one event and returns it; the tracker reads replies back from the call's fold."""
-
-
 class EventCollector:
-    """An :class:`EventSink` for webhook ingest: events with stable ids, folded, kept in :attr:`events`.
+    """A :class:`~calltape.runtime.FoldedSink` for webhook ingest: events with stable ids, folded, kept
+    in :attr:`events`.
 
     Ids are ``{prefix}{n}`` (n counts from 1 since the last :meth:`reset`), so a redelivered payload
     mapped the same way yields the same ids and appends nothing. ``at_ms`` and ``agent`` apply to the
@@ -84,16 +82,17 @@ class EventCollector:
 class ReplyTracker:
     """Reply lifecycle of one call, read from its live fold and written once per fact.
 
-    ``call``: where events go (``emit(type, data) -> Event``). ``fold``: the live fold to read; by
-    default ``call.fold`` (a :class:`~calltape.runtime.CallSession` folds what it emits), else a fold
-    the tracker keeps from what ``emit`` returns.
+    ``call``: where events go (an :class:`~calltape.runtime.EventSink`, normally the
+    :class:`~calltape.runtime.LiveCall`). ``fold``: the live fold to read; by default ``call.fold``
+    when the call is a :class:`~calltape.runtime.FoldedSink` (a live call folds what it emits), else a
+    fold the tracker keeps from what ``emit`` returns.
     """
 
     def __init__(self, call: EventSink, *, fold: ContextFold | None = None) -> None:
         self.call = call
-        live = fold if fold is not None else getattr(call, "fold", None)
-        self._own_fold = not isinstance(live, ContextFold)
-        self.fold: ContextFold = live if isinstance(live, ContextFold) else ContextFold()
+        live = fold if fold is not None else call.fold if isinstance(call, FoldedSink) else None
+        self._own_fold = live is None
+        self.fold: ContextFold = live if live is not None else ContextFold()
         self._held: list[tuple[str, dict[str, Any]]] | None = None
         self._scratch: ContextFold | None = None
 

@@ -33,6 +33,8 @@ from calltape.adapters.replies import ReplyTracker
 from calltape.adapters.webhook_auth import sign_retell, verify_retell_signature
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event
+from calltape.runtime.protocol import LiveCall
+from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
 __all__ = [
     "RetellLLMSession",
@@ -102,9 +104,10 @@ class RetellTurn:
         body: Callable[..., Awaitable[Any]],
         *,
         call_id: str | None = None,
-        spec: Any = None,
-    ) -> Any:
-        """Runs a tool for this turn under guarded execution, shielded from the turn being superseded."""
+        spec: ToolSpec | None = None,
+    ) -> ToolOutcome:
+        """Runs a tool under guarded execution; asked again with the same arguments in this user turn
+        (Retell re-asks), it waits for the one run instead of starting another."""
         return await self._session._run_tool(self._reply, name, arguments, body, call_id, spec)
 
 
@@ -118,7 +121,7 @@ class RetellLLMSession:
 
     def __init__(
         self,
-        call: Any,
+        call: LiveCall,
         respond: Callable[[RetellTurn], AsyncIterator[str]],
         send: Send,
         *,
@@ -329,8 +332,8 @@ class RetellLLMSession:
         arguments: Any,
         body: Callable[..., Awaitable[Any]],
         call_id: str | None,
-        spec: Any,
-    ) -> Any:
+        spec: ToolSpec | None,
+    ) -> ToolOutcome:
         key = (reply.user_turn, name, _canonical(arguments))
         task = self._tools.get(key)
         if task is None:  # first ask in this user turn: record it and run it
@@ -350,10 +353,10 @@ class RetellLLMSession:
         return await asyncio.shield(task)  # superseding the response cancels the caller, not the tool
 
     async def _run_and_report(
-        self, cid: str, name: str, args: Any, body: Callable[..., Awaitable[Any]], reply: str, spec: Any
-    ) -> Any:
+        self, cid: str, name: str, args: Any, body: Callable[..., Awaitable[Any]], reply: str, spec: ToolSpec | None
+    ) -> ToolOutcome:
         outcome = await self.call.run_tool(cid, name, args, body, reply=reply, spec=spec)
-        output = getattr(outcome, "output", outcome)
+        output = outcome.output
         with contextlib.suppress(Exception):  # the socket may be gone; the log has the result
             await self.send(
                 {

@@ -32,6 +32,8 @@ from calltape.adapters.webhook_auth import verify_vapi_request
 from calltape.errors import InvalidEvent
 from calltape.events import Event, now_ms
 from calltape.projections import ContextFold, fold_events
+from calltape.runtime.protocol import LiveCall
+from calltape.runtime.toolspec import ToolSpec
 
 __all__ = [
     "VapiIngest",
@@ -115,14 +117,14 @@ def tool_results(
 
 
 async def run_tool_calls(
-    call: Any,
+    call: LiveCall,
     message: Mapping[str, Any],
     tools: Mapping[str, Callable[..., Awaitable[Any]]],
     *,
     reply: str | None = None,
-    specs: Mapping[str, Any] | None = None,
+    specs: Mapping[str, ToolSpec] | None = None,
 ) -> dict[str, Any]:
-    """Runs a ``tool-calls`` message's calls under ``CallSession.run_tool``; returns Vapi's reply body.
+    """Runs a ``tool-calls`` message's calls under :meth:`LiveCall.run_tool`; returns Vapi's reply body.
 
     A call id already in the log returns its stored result (Vapi retries a slow webhook), so a retried
     request never runs a tool twice.

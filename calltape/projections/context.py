@@ -6,11 +6,12 @@ read/snapshot methods (a :class:`typing.Protocol`), so any store -- SQLite, Post
 
 Snapshot policy: a snapshot is only ever taken at a clean point (nothing in flight, so nothing a
 later rule change could settle differently is frozen half-way) and records ``FOLD_VERSION``; a
-snapshot of another version is ignored and the session is folded from seq 1. While
-:func:`build_context` folds a tail, it serializes the state at the first clean point that is at
+snapshot of another version (v0.1 wrote version 1) is ignored and the session is folded from seq 1.
+While :func:`build_context` folds a tail, it captures the state at the first clean point that is at
 least ``every`` events past the previous snapshot, then counts again from there; after the fold it
-saves the latest one. Serializing once per ``every`` events keeps the cost negligible. Saving is
-best effort: a failing save never fails the read.
+saves the latest one. A capture encodes only what settled since the previous one (see
+:mod:`calltape.projections.snapshot`), and only the saved one is turned into bytes. Saving is best
+effort: a failing save never fails the read.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from calltape.errors import CalltapeError, SessionNotFound
 from calltape.events import Event
 from calltape.projections.fold import FOLD_VERSION, ContextFold
 from calltape.projections.instant import AtOffset, AtSeq, AtTime, Instant, parse_instant
+from calltape.projections.snapshot import Captured
 
 
 class _SessionInfo(Protocol):
@@ -123,15 +125,15 @@ async def build_context(
     pending = _fold_with_snapshots(fold, tail, base, max(1, snapshots.every))
     if pending is not None:
         try:
-            await store.save_snapshot(session, pending[0], FOLD_VERSION, pending[1])
+            await store.save_snapshot(session, pending.seq, FOLD_VERSION, pending.to_bytes())
         except CalltapeError:
             pass
     return fold
 
 
-def _fold_with_snapshots(fold: ContextFold, tail: list[Event], base: int, every: int) -> tuple[int, bytes] | None:
+def _fold_with_snapshots(fold: ContextFold, tail: list[Event], base: int, every: int) -> Captured | None:
     """Folds ``tail``, capturing the state at clean points ``every`` events apart."""
-    pending: tuple[int, bytes] | None = None
+    pending: Captured | None = None
     threshold = base + every
     start = 0
     total = len(tail)
@@ -147,7 +149,7 @@ def _fold_with_snapshots(fold: ContextFold, tail: list[Event], base: int, every:
             fold.apply(tail[start])
             start += 1
             if fold.clean and fold.seq >= threshold:
-                pending = (fold.seq, fold.to_snapshot())
+                pending = fold.capture()
                 threshold = fold.seq + every
                 break
     return pending

@@ -5,6 +5,27 @@ with the very same code, so the context an agent saw and the context a replay re
 drift apart. The fold is incremental: after every event it knows whether the state is *clean* and
 the latest clean seq, which is what resume and snapshots need, without a second pass.
 
+Where each rule of SPEC section 2 is implemented (one function each; ``F`` is :class:`ContextFold`,
+records are in :mod:`calltape.projections.records`, rendering in :mod:`calltape.projections.native`):
+
+======================  ==========================================================================
+rule                    function
+======================  ==========================================================================
+1. System               ``F._switch_agent`` (agent and instructions, from every event that sets them)
+2. User turns           ``F._user_content`` (turn split and joining); pending interim: ``F._on_transcript``
+3. Assistant = heard    ``records.heard_text`` (late tokens: ``F._on_text``; marking: ``F._interrupt``)
+4. Calls in their reply ``F._on_tool_call`` (the reply it joins, excluded if late); ``F._ran`` (ran: included)
+5. One output per call  ``records.call_status`` (the decision; ``records.call_outcome`` adds the output)
+6. Empty items omitted  ``native.reply_items``
+7. Handoff              ``F._on_handoff`` (item and agent switch); provider formats drop it
+8. Duplicates, unknown  ``F.apply`` / ``F.apply_many`` (seen ids, dispatch miss)
+9. Order                ``F._begin`` (every item enters the list at the seq that began it)
+Clean                   ``F._is_clean`` (``last_clean_seq`` is kept by ``apply``/``apply_many``)
+Snapshot                :mod:`calltape.projections.snapshot`
+======================  ==========================================================================
+
+Handlers are registered next to their code with ``@_handles("<event type>")``.
+
 Rules where SPEC section 2 is silent (decided by the lead, implemented here):
 
 * **Seq.** ``event.seq`` when set, else the running count of folded events (pure tests).
@@ -67,192 +88,43 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sized
-from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
-from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.gcpause import gc_paused
+from calltape.projections import native as _native
+from calltape.projections import snapshot as _snapshot
+from calltape.projections.records import (
+    Call,
+    Handoff,
+    Item,
+    Reply,
+    ReplyState,
+    ToolCallState,
+    User,
+    arguments_text,
+    call_open,
+    call_state,
+    heard_text,
+)
+from calltape.projections.snapshot import FOLD_VERSION, SnapshotMismatch
 
-FOLD_VERSION: Final = 1
-"""Bump whenever a rule above changes: snapshots of another version are refused and rebuilt."""
+__all__ = ["FOLD_VERSION", "ContextFold", "ReplyState", "SnapshotMismatch", "ToolCallState", "fold_events"]
 
-_INTERRUPTED: Final = "interrupted"
+_Handler = Callable[["ContextFold", dict[str, Any], int], None]
 
-
-class SnapshotMismatch(CalltapeError):
-    """A snapshot written by other fold rules (or damaged) cannot be restored."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Records. Plain slotted classes: the fold touches them 100k times per replay.
-
-
-class _User:
-    __slots__ = ("parts", "seq")
-
-    def __init__(self, seq: int, parts: list[str]) -> None:
-        self.seq = seq
-        self.parts = parts
-
-
-class _Handoff:
-    __slots__ = ("from_", "seq", "to")
-
-    def __init__(self, seq: int, from_: str, to: str) -> None:
-        self.seq = seq
-        self.from_ = from_
-        self.to = to
+_DISPATCH: Final[dict[str, _Handler]] = {}
+"""Event type -> handler, filled by :func:`_handles` as the class body runs."""
 
 
-class _Reply:
-    __slots__ = (
-        "calls",
-        "done",
-        "has_text",
-        "heard",
-        "id",
-        "interrupted",
-        "parts",
-        "seq",
-        "speech_ended",
-        "speech_started",
-        "started",
-    )
+def _handles(event_type: str) -> Callable[[_Handler], _Handler]:
+    """Registers the decorated method as the handler of ``event_type``."""
 
-    def __init__(self, rid: str, seq: int) -> None:
-        self.id = rid
-        self.seq = seq
-        self.started = False
-        self.done = False
-        self.parts: list[str] = []
-        self.has_text = False
-        self.interrupted = False
-        self.heard: str | None = None
-        self.speech_started = False
-        self.speech_ended = False
-        self.calls: list[_Call] = []
+    def register(fn: _Handler) -> _Handler:
+        _DISPATCH[event_type] = fn
+        return fn
 
-    def text(self) -> str:
-        if self.heard is not None:
-            return self.heard
-        if self.interrupted and not self.speech_started:
-            return ""
-        return "".join(self.parts)
-
-
-class _Call:
-    __slots__ = (
-        "arguments",
-        "cancel_outcome",
-        "cancel_reason",
-        "error",
-        "has_progress",
-        "has_result",
-        "id",
-        "included",
-        "name",
-        "output",
-        "progress",
-        "reply",
-        "seq",
-        "started",
-    )
-
-    def __init__(self, cid: str, name: str, arguments: str, reply: _Reply, seq: int, included: bool) -> None:
-        self.id = cid
-        self.name = name
-        self.arguments = arguments
-        self.reply = reply
-        self.seq = seq
-        self.included = included
-        self.started = False
-        self.has_result = False
-        self.output: Any = None
-        self.error = False
-        self.cancel_reason: str | None = None
-        self.cancel_outcome: str | None = None
-        self.has_progress = False
-        self.progress: Any = None
-
-    def status(self) -> str:
-        if self.has_result:
-            return "error" if self.error else "completed"
-        reason = self.cancel_reason
-        if reason is not None:
-            if reason == "timeout":
-                return "timeout"
-            if self.cancel_outcome == "unknown":
-                return "unknown"
-            return "cancelled"
-        if self.reply.interrupted and not self.started:
-            return "cancelled"
-        return "in_progress"
-
-    def result(self) -> Any:
-        """The output an LLM sees: the tool's own, or a synthetic ``{"status": ...}`` object."""
-        if self.has_result:
-            return self.output
-        status = self.status()
-        if status == "cancelled":
-            return {"status": "cancelled", "reason": self.cancel_reason or _INTERRUPTED}
-        return {"status": status}
-
-
-_Item = _User | _Reply | _Handoff
-
-
-# ---------------------------------------------------------------------------------------------
-# Read-only views for the runtime (resume, guarded tools).
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallState:
-    """A read-only view of one tool call: what resume and guarded execution decide from."""
-
-    call_id: str
-    name: str
-    arguments: str
-    reply: str
-    included: bool
-    started: bool
-    status: str
-    output: Any
-    progress: Any
-    has_progress: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReplyState:
-    """One reply as folded so far (what :mod:`calltape.adapters.replies` and the runtime read)."""
-
-    reply: str
-    generating: bool
-    awaiting_playout: bool
-    interrupted: bool
-    speech_started: bool
-    heard: str
-    """The context's text for the reply (rule 3)."""
-    seq: int = 0
-    """The seq at which the reply began."""
-    done: bool = False
-    """``agent.reply.done`` was folded."""
-    speech_ended: bool = False
-    generated: str = ""
-    """Every ``agent.text`` delta kept (late tokens of an interrupted reply excluded)."""
-    reported_heard: str | None = None
-    """The latest ``heard`` given by an event, None when none was."""
-
-
-def _arguments(value: Any) -> str:
-    if isinstance(value, str):
-        return value if value.strip() else "{}"
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-# ---------------------------------------------------------------------------------------------
+    return register
 
 
 class ContextFold:
@@ -263,10 +135,12 @@ class ContextFold:
         "_count",
         "_cur_user",
         "_flags",
+        "_frozen",
         "_generating",
         "_interim",
         "_items",
         "_last_reply",
+        "_ncalls",
         "_open_calls",
         "_replies",
         "_seen",
@@ -297,17 +171,20 @@ class ContextFold:
         }
         self._count = 0
         self._seen: set[str] = set()
-        self._items: list[_Item] = []
-        self._replies: dict[str, _Reply] = {}
-        self._calls: dict[str, _Call] = {}
-        self._cur_user: _User | None = None
-        self._last_reply: _Reply | None = None
+        self._items: list[Item] = []
+        self._replies: dict[str, Reply] = {}
+        self._calls: dict[str, Call] = {}
+        self._cur_user: User | None = None
+        self._last_reply: Reply | None = None
         self._interim: str | None = None
         # user mid-utterance ("speaking", "interim") and "dropped": the non-reply clean conditions
         self._flags: set[str] = set()
         self._generating: set[str] = set()
         self._unheard: set[str] = set()
         self._open_calls: set[str] = set()
+        self._ncalls = 0
+        # the settled prefix of the items, kept as bytes once a snapshot was taken or restored
+        self._frozen: _snapshot.Frozen | None = None
 
     # -- entry points -----------------------------------------------------------------------
 
@@ -328,12 +205,15 @@ class ContextFold:
         if handler is None:
             self.counters["skipped"] += 1
         else:
+            frozen = self._frozen
+            if frozen is not None and (event.type == "session.started" or frozen.names(event.data)):
+                _snapshot.thaw(self)
             try:
                 handler(self, event.data, seq)
             except (KeyError, TypeError, AttributeError):
                 self.counters["malformed"] += 1
         self.seq = seq
-        if not (self._generating or self._unheard or self._open_calls or self._flags):
+        if self._is_clean():
             self.last_clean_seq = seq
         return True
 
@@ -353,7 +233,7 @@ class ContextFold:
         seen = self._seen
         dispatch = _DISPATCH
         counters = self.counters
-        generating, unheard, open_calls, flags = self._generating, self._unheard, self._open_calls, self._flags
+        is_clean = self._is_clean
         count = self._count
         last_clean = self.last_clean_seq
         seq = self.seq
@@ -371,11 +251,14 @@ class ContextFold:
                 if handler is None:
                     counters["skipped"] += 1
                 else:
+                    frozen = self._frozen
+                    if frozen is not None and (event.type == "session.started" or frozen.names(event.data)):
+                        _snapshot.thaw(self)
                     try:
                         handler(self, event.data, seq)
                     except (KeyError, TypeError, AttributeError):
                         counters["malformed"] += 1
-                if not (generating or unheard or open_calls or flags):
+                if is_clean():
                     last_clean = seq
         finally:
             self._count = count
@@ -386,24 +269,29 @@ class ContextFold:
 
     # -- state ------------------------------------------------------------------------------
 
-    @property
-    def clean(self) -> bool:
-        """Whether nothing is in flight after the last event (a point resume can start from)."""
+    def _is_clean(self) -> bool:
+        """The clean test (SPEC section 2): no reply generating or waiting to be heard, no included
+        call in progress, the user not mid-utterance, the session not dropped."""
         return not (self._generating or self._unheard or self._open_calls or self._flags)
 
     @property
+    def clean(self) -> bool:
+        """Whether the state after the latest event is clean (see :meth:`_is_clean`)."""
+        return self._is_clean()
+
+    @property
     def dropped(self) -> bool:
-        """Whether the session is dropped and not resumed yet."""
+        """``session.dropped`` folded and no ``session.resumed`` since."""
         return "dropped" in self._flags
 
     @property
     def user_speaking(self) -> bool:
-        """Whether the user is mid-utterance (speech started, not stopped)."""
+        """``user.speech.started`` without ``user.speech.stopped`` yet."""
         return "speaking" in self._flags
 
     @property
     def pending_user_text(self) -> str | None:
-        """The latest interim transcript not yet made final, if any."""
+        """The latest interim transcript not yet replaced by a final (``pending.user_text``)."""
         return self._interim
 
     @property
@@ -411,29 +299,14 @@ class ContextFold:
         """The seq at which the current (latest) user message began; None before any user content."""
         return None if self._cur_user is None else self._cur_user.seq
 
-    @staticmethod
-    def _call_state(c: _Call) -> ToolCallState:
-        return ToolCallState(
-            call_id=c.id,
-            name=c.name,
-            arguments=c.arguments,
-            reply=c.reply.id,
-            included=c.included,
-            started=c.started,
-            status=c.status(),
-            output=c.result(),
-            progress=c.progress,
-            has_progress=c.has_progress,
-        )
-
-    def _reply_state(self, r: _Reply) -> ReplyState:
+    def _reply_state(self, r: Reply) -> ReplyState:
         return ReplyState(
             reply=r.id,
             generating=r.id in self._generating,
             awaiting_playout=r.id in self._unheard,
             interrupted=r.interrupted,
             speech_started=r.speech_started,
-            heard=r.text(),
+            heard=heard_text(r),
             seq=r.seq,
             done=r.done,
             speech_ended=r.speech_ended,
@@ -443,28 +316,36 @@ class ContextFold:
 
     def tool_calls(self) -> list[ToolCallState]:
         """Every known call (excluded ones too, ``included=False``), in ``tool.call`` order."""
-        return [self._call_state(c) for c in self._calls.values()]
+        _snapshot.thaw(self)
+        return [call_state(c) for c in self._calls.values()]
 
     def tool_call(self, call_id: str) -> ToolCallState | None:
         """One call's state (the runtime's exactly-once and never-start checks)."""
         c = self._calls.get(call_id)
-        return None if c is None else self._call_state(c)
+        if c is None and self._frozen is not None and call_id in self._frozen.calls:
+            _snapshot.thaw(self)
+            c = self._calls.get(call_id)
+        return None if c is None else call_state(c)
 
     def reply_state(self, reply: str) -> ReplyState | None:
         """One reply's state (the runtime's interruption-aware waits); None: never seen."""
         r = self._replies.get(reply)
+        if r is None and self._frozen is not None and reply in self._frozen.replies:
+            _snapshot.thaw(self)
+            r = self._replies.get(reply)
         return None if r is None else self._reply_state(r)
 
     def replies(self) -> list[ReplyState]:
         """Every reply, in the order they began (anonymous ones have ids starting with NUL)."""
-        return [self._reply_state(item) for item in self._items if isinstance(item, _Reply)]
+        _snapshot.thaw(self)
+        return [self._reply_state(item) for item in self._items if isinstance(item, Reply)]
 
     def open_replies(self) -> list[ReplyState]:
-        """Replies that keep the state unclean: still generating or waiting to be heard."""
+        """Replies that keep the state unclean: still generating or waiting to be heard (never frozen)."""
         return [
             self._reply_state(item)
             for item in self._items
-            if isinstance(item, _Reply) and (item.id in self._generating or item.id in self._unheard)
+            if isinstance(item, Reply) and (item.id in self._generating or item.id in self._unheard)
         ]
 
     def knows(self, event_id: str) -> bool:
@@ -477,44 +358,17 @@ class ContextFold:
 
     def native(self) -> dict[str, Any]:
         """The ``native`` context (SPEC section 2, Formats)."""
-        items: list[dict[str, Any]] = [{"type": "message", "role": "system", "content": self.instructions}]
+        items = [_native.system_item(self.instructions)]
+        if self._frozen is not None:
+            items.extend(self._frozen.native())
         pending: list[dict[str, Any]] = []
-        for item in self._items:
-            if isinstance(item, _User):
-                items.append({"type": "message", "role": "user", "content": " ".join(item.parts)})
-            elif isinstance(item, _Reply):
-                calls = [c for c in item.calls if c.included]
-                text = item.text()
-                has_text = bool(text.strip())
-                if not has_text and not calls:
-                    continue
-                if has_text:
-                    msg: dict[str, Any] = {"type": "message", "role": "assistant", "content": text}
-                    if item.interrupted:
-                        msg["interrupted"] = True
-                    items.append(msg)
-                for c in calls:
-                    items.append({"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments})
-                for c in calls:
-                    status = c.status()
-                    items.append(
-                        {
-                            "type": "function_call_output",
-                            "call_id": c.id,
-                            "output": c.result(),
-                            "status": status,
-                        }
-                    )
-                    if status == "in_progress":
-                        pending.append({"call_id": c.id, "name": c.name, "status": status})
-            else:
-                items.append({"type": "handoff", "from": item.from_, "to": item.to})
+        _native.items_json(self._items, items, pending)
         return {
             "session": self.session,
             "seq": self.seq,
             "agent": self.agent,
             "epoch": self.epoch,
-            "clean": self.clean,
+            "clean": self._is_clean(),
             "last_clean_seq": self.last_clean_seq,
             "items": items,
             "pending": {"user_text": self._interim, "tools": pending},
@@ -528,7 +382,7 @@ class ContextFold:
 
     # -- bookkeeping of the clean conditions ------------------------------------------------
 
-    def _refresh_reply(self, r: _Reply) -> None:
+    def _refresh_reply(self, r: Reply) -> None:
         if not r.done and not r.interrupted:
             self._generating.add(r.id)
         else:
@@ -538,33 +392,44 @@ class ContextFold:
         else:
             self._unheard.discard(r.id)
 
-    def _refresh_call(self, c: _Call) -> None:
-        if c.included and not c.has_result and c.cancel_reason is None and (c.started or not c.reply.interrupted):
+    def _refresh_call(self, c: Call) -> None:
+        if call_open(c):
             self._open_calls.add(c.id)
         else:
             self._open_calls.discard(c.id)
 
-    def _reply(self, rid: str, seq: int, done: bool = False) -> _Reply:
+    def _refresh_all(self) -> None:
+        """Recomputes every clean condition of the records (after a restore or a modality change)."""
+        for r in self._replies.values():
+            self._refresh_reply(r)
+        for c in self._calls.values():
+            self._refresh_call(c)
+
+    def _begin(self, item: Item) -> None:
+        """Rule 9: an item enters the context at the seq of the event that began it."""
+        self._items.append(item)
+
+    def _reply(self, rid: str, seq: int, done: bool = False) -> Reply:
         r = self._replies.get(rid)
         if r is None:
-            r = _Reply(rid, seq)
+            r = Reply(rid, seq)
             r.done = done
             self._replies[rid] = r
-            self._items.append(r)
+            self._begin(r)
             self._last_reply = r
             self._refresh_reply(r)
         return r
 
-    def _active(self, r: _Reply) -> bool:
+    def _active(self, r: Reply) -> bool:
         if r.interrupted:
             return False
         if not r.done:
             return True
         if self.modality == "voice" and r.has_text and not r.speech_ended:
             return True
-        return any(c.included and not c.has_result and c.cancel_reason is None for c in r.calls)
+        return any(call_open(c) for c in r.calls)
 
-    def _interrupt(self, r: _Reply | None, heard: str | None) -> bool:
+    def _interrupt(self, r: Reply | None, heard: str | None) -> bool:
         if r is None:
             return False
         if not self._active(r):
@@ -589,54 +454,70 @@ class ContextFold:
         cur = self._cur_user
         last = self._last_reply
         if cur is None or (last is not None and last.seq > cur.seq):
-            self._cur_user = _User(seq, [text])
-            self._items.append(self._cur_user)
+            self._cur_user = User(seq, [text])
+            self._begin(self._cur_user)
         else:
             cur.parts.append(text)
 
-    # -- handlers (one per event type; data fields are read before anything is mutated) -------
-
-    def _on_session_started(self, data: dict[str, Any], seq: int) -> None:
-        agent = data["agent"]
-        self.agent = agent
-        instructions = data.get("instructions")
+    def _switch_agent(self, agent: str | None, instructions: str | None) -> None:
+        """Rule 1: the agent current at N, and its instructions (kept when an event gives none)."""
+        if agent is not None:
+            self.agent = agent
         if instructions is not None:
             self.instructions = instructions
+
+    def _ran(self, c: Call) -> None:
+        """Rule 4: a call with a ``tool.started`` or a ``tool.result`` ran, so it is included."""
+        c.included = True
+        self._refresh_call(c)
+
+    # -- handlers (one per event type; data fields are read before anything is mutated) -------
+
+    @_handles("session.started")
+    def _on_session_started(self, data: dict[str, Any], seq: int) -> None:
+        agent = data["agent"]
+        self._switch_agent(agent, data.get("instructions"))
         self.modality = data.get("modality") or "voice"
         self.epoch = max(self.epoch, 1)
         for r in self._replies.values():
             self._refresh_reply(r)
 
+    @_handles("session.ended")
     def _on_session_ended(self, data: dict[str, Any], seq: int) -> None:
         pass
 
+    @_handles("session.dropped")
     def _on_session_dropped(self, data: dict[str, Any], seq: int) -> None:
         self._flags.add("dropped")
 
+    @_handles("session.resumed")
     def _on_session_resumed(self, data: dict[str, Any], seq: int) -> None:
         agent, epoch = data["agent"], int(data["epoch"])
-        self.agent = agent
+        self._switch_agent(agent, None)
         self.epoch = epoch
         self._flags.clear()
         self._interim = None
 
+    @_handles("agent.handoff")
     def _on_handoff(self, data: dict[str, Any], seq: int) -> None:
         from_, to = data["from"], data["to"]
         instructions = data.get("instructions")
-        self._items.append(_Handoff(seq, from_, to))
-        self.agent = to
-        if instructions is not None:
-            self.instructions = instructions
+        self._begin(Handoff(seq, from_, to))
+        self._switch_agent(to, instructions)
 
+    @_handles("agent.instructions")
     def _on_instructions(self, data: dict[str, Any], seq: int) -> None:
-        self.instructions = data["text"]
+        self._switch_agent(None, data["text"])
 
+    @_handles("user.speech.started")
     def _on_speech_started(self, data: dict[str, Any], seq: int) -> None:
         self._flags.add("speaking")
 
+    @_handles("user.speech.stopped")
     def _on_speech_stopped(self, data: dict[str, Any], seq: int) -> None:
         self._flags.discard("speaking")
 
+    @_handles("user.transcript")
     def _on_transcript(self, data: dict[str, Any], seq: int) -> None:
         text = data["text"]
         if data["final"]:
@@ -650,15 +531,18 @@ class ContextFold:
             else:
                 self._flags.add("interim")
 
+    @_handles("user.text")
     def _on_user_text(self, data: dict[str, Any], seq: int) -> None:
         self._user_content(data["text"], seq)
 
+    @_handles("agent.reply.started")
     def _on_reply_started(self, data: dict[str, Any], seq: int) -> None:
         r = self._reply(data["reply"], seq)
         if not r.started:
             r.started = True
             self._refresh_reply(r)
 
+    @_handles("agent.text")
     def _on_text(self, data: dict[str, Any], seq: int) -> None:
         rid, text = data["reply"], data["text"]
         r = self._replies.get(rid)
@@ -672,17 +556,20 @@ class ContextFold:
                 r.has_text = True
                 self._refresh_reply(r)
 
+    @_handles("agent.reply.done")
     def _on_reply_done(self, data: dict[str, Any], seq: int) -> None:
         r = self._replies.get(data["reply"])
         if r is not None and not r.done:
             r.done = True
             self._refresh_reply(r)
 
+    @_handles("agent.speech.started")
     def _on_agent_speech_started(self, data: dict[str, Any], seq: int) -> None:
         r = self._replies.get(data["reply"])
         if r is not None:
             r.speech_started = True
 
+    @_handles("agent.speech.progress")
     def _on_speech_progress(self, data: dict[str, Any], seq: int) -> None:
         heard = data["heard"]
         r = self._replies.get(data["reply"])
@@ -690,6 +577,7 @@ class ContextFold:
             r.heard = heard
             r.speech_started = True
 
+    @_handles("agent.speech.ended")
     def _on_agent_speech_ended(self, data: dict[str, Any], seq: int) -> None:
         heard, interrupted = data.get("heard"), data.get("interrupted")
         r = self._replies.get(data["reply"])
@@ -702,14 +590,18 @@ class ContextFold:
         r.speech_ended = True
         self._refresh_reply(r)
 
+    @_handles("interruption")
     def _on_interruption(self, data: dict[str, Any], seq: int) -> None:
         rid, heard = data.get("reply"), data.get("heard")
         self.counters["interruptions"] += 1
         if not self._interrupt(self._last_reply if rid is None else self._replies.get(rid), heard):
             self.counters["interruptions_ignored"] += 1
 
+    @_handles("tool.call")
     def _on_tool_call(self, data: dict[str, Any], seq: int) -> None:
-        cid, name, arguments = data["call"], data["name"], _arguments(data["arguments"])
+        """Rule 4: the call joins its reply (named, else the latest, else an anonymous one), and is
+        excluded when that reply was interrupted already."""
+        cid, name, arguments = data["call"], data["name"], arguments_text(data["arguments"])
         if cid in self._calls:
             return
         rid = data.get("reply")
@@ -721,33 +613,36 @@ class ContextFold:
             r = self._last_reply
         else:
             r = self._reply(f"\x00call:{cid}", seq, done=True)
-        c = _Call(cid, name, arguments, r, seq, not r.interrupted)
+        c = Call(cid, name, arguments, r, seq, not r.interrupted, self._ncalls)
+        self._ncalls += 1
         self._calls[cid] = c
         r.calls.append(c)
         self._refresh_call(c)
 
+    @_handles("tool.started")
     def _on_tool_started(self, data: dict[str, Any], seq: int) -> None:
         c = self._calls.get(data["call"])
         if c is not None:
             c.started = True
-            c.included = True
-            self._refresh_call(c)
+            self._ran(c)
 
+    @_handles("tool.progress")
     def _on_tool_progress(self, data: dict[str, Any], seq: int) -> None:
         c = self._calls.get(data["call"])
         if c is not None:
             c.progress = data.get("state")
             c.has_progress = True
 
+    @_handles("tool.result")
     def _on_tool_result(self, data: dict[str, Any], seq: int) -> None:
         c = self._calls.get(data["call"])
         if c is not None and not c.has_result:
             c.has_result = True
-            c.included = True  # a result proves the call ran: the truth wins (rule 4)
             c.output = data.get("output")
             c.error = bool(data.get("error"))
-            self._refresh_call(c)
+            self._ran(c)  # a result proves the call ran: the truth wins (rule 4)
 
+    @_handles("tool.cancelled")
     def _on_tool_cancelled(self, data: dict[str, Any], seq: int) -> None:
         reason, outcome = str(data["reason"]), data.get("outcome")
         c = self._calls.get(data["call"])
@@ -756,166 +651,27 @@ class ContextFold:
             c.cancel_outcome = outcome
             self._refresh_call(c)
 
-    # -- snapshots --------------------------------------------------------------------------
+    # -- snapshots (the codec is :mod:`calltape.projections.snapshot`) ----------------------
 
     def to_snapshot(self) -> bytes:
-        """The whole fold state (but the seen ids, see the module docstring) as bytes."""
-        items: list[list[Any]] = []
-        index: dict[int, int] = {}
-        for i, item in enumerate(self._items):
-            index[id(item)] = i
-            if isinstance(item, _User):
-                items.append(["u", item.seq, item.parts])
-            elif isinstance(item, _Reply):
-                items.append(
-                    [
-                        "r",
-                        item.id,
-                        item.seq,
-                        item.started,
-                        item.done,
-                        item.parts,
-                        item.has_text,
-                        item.interrupted,
-                        item.heard,
-                        item.speech_started,
-                        item.speech_ended,
-                    ]
-                )
-            else:
-                items.append(["h", item.seq, item.from_, item.to])
-        calls = [
-            [
-                c.id,
-                c.name,
-                c.arguments,
-                c.reply.id,
-                c.seq,
-                c.included,
-                c.started,
-                c.has_result,
-                c.output,
-                c.error,
-                c.cancel_reason,
-                c.cancel_outcome,
-                c.has_progress,
-                c.progress,
-            ]
-            for c in self._calls.values()
-        ]
-        state = {
-            "v": FOLD_VERSION,
-            "session": self.session,
-            "seq": self.seq,
-            "count": self._count,
-            "last_clean_seq": self.last_clean_seq,
-            "agent": self.agent,
-            "epoch": self.epoch,
-            "modality": self.modality,
-            "instructions": self.instructions,
-            "counters": self.counters,
-            "interim": self._interim,
-            "flags": sorted(self._flags),
-            "cur_user": -1 if self._cur_user is None else index[id(self._cur_user)],
-            "last_reply": None if self._last_reply is None else self._last_reply.id,
-            "items": items,
-            "calls": calls,
-        }
-        return orjson.dumps(state)
+        """The fold state (but the seen ids, see the module docstring) as bytes.
+
+        The settled items get frozen on the way (kept as rendered bytes, see
+        :mod:`calltape.projections.snapshot`); nothing a caller can observe changes.
+        """
+        return _snapshot.encode(self)
+
+    def capture(self) -> _snapshot.Captured:
+        """The snapshot of this instant, encoded only when :meth:`Captured.to_bytes` is called."""
+        return _snapshot.capture(self)
 
     @classmethod
     def from_snapshot(cls, blob: bytes) -> ContextFold:
-        """Restores :meth:`to_snapshot` output; refuses another :data:`FOLD_VERSION`."""
-        try:
-            with gc_paused(len(blob) // 64):  # tens of thousands of small acyclic objects
-                state = orjson.loads(blob)
-            version = state.get("v") if isinstance(state, dict) else None
-        except orjson.JSONDecodeError:
-            version = None
-        if version != FOLD_VERSION:
-            raise SnapshotMismatch(
-                f"the snapshot was written by fold version {version}, this calltape folds version {FOLD_VERSION}"
-            )
-        try:
-            with gc_paused(len(state.get("items", ()))):
-                return cls._restore(state)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise SnapshotMismatch(f"the snapshot is damaged ({type(exc).__name__})") from None
-
-    @classmethod
-    def _restore(cls, s: dict[str, Any]) -> ContextFold:
-        f = cls(s["session"])
-        f.seq, f._count, f.last_clean_seq = s["seq"], s["count"], s["last_clean_seq"]
-        f.agent, f.epoch, f.modality, f.instructions = (
-            s["agent"],
-            s["epoch"],
-            s["modality"],
-            s["instructions"],
-        )
-        f.counters = dict(s["counters"])
-        f._interim = s["interim"]
-        f._flags = set(s["flags"])
-        for row in s["items"]:
-            kind = row[0]
-            if kind == "u":
-                f._items.append(_User(row[1], list(row[2])))
-            elif kind == "r":
-                r = _Reply(row[1], row[2])
-                (r.started, r.done, r.parts, r.has_text, r.interrupted, r.heard) = row[3:9]
-                r.speech_started, r.speech_ended = row[9], row[10]
-                f._replies[r.id] = r
-                f._items.append(r)
-            elif kind == "h":
-                f._items.append(_Handoff(row[1], row[2], row[3]))
-            else:
-                raise ValueError(kind)
-        for row in s["calls"]:
-            r = f._replies[row[3]]
-            c = _Call(row[0], row[1], row[2], r, row[4], row[5])
-            (c.started, c.has_result, c.output, c.error, c.cancel_reason, c.cancel_outcome) = row[6:12]
-            c.has_progress, c.progress = row[12], row[13]
-            f._calls[c.id] = c
-            r.calls.append(c)
-        if s["cur_user"] >= 0:
-            user = f._items[s["cur_user"]]
-            if not isinstance(user, _User):
-                raise ValueError("cur_user")
-            f._cur_user = user
-        if s["last_reply"] is not None:
-            f._last_reply = f._replies[s["last_reply"]]
-        for r in f._replies.values():
-            f._refresh_reply(r)
-        for c in f._calls.values():
-            f._refresh_call(c)
+        """Restores :meth:`to_snapshot` output; raises :class:`SnapshotMismatch` for another
+        :data:`FOLD_VERSION` or damaged bytes."""
+        f = cls()
+        _snapshot.decode(f, blob)
         return f
-
-
-_Handler = Callable[[ContextFold, dict[str, Any], int], None]
-
-_DISPATCH: Final[dict[str, _Handler]] = {
-    "session.started": ContextFold._on_session_started,
-    "session.ended": ContextFold._on_session_ended,
-    "session.dropped": ContextFold._on_session_dropped,
-    "session.resumed": ContextFold._on_session_resumed,
-    "agent.handoff": ContextFold._on_handoff,
-    "agent.instructions": ContextFold._on_instructions,
-    "user.speech.started": ContextFold._on_speech_started,
-    "user.speech.stopped": ContextFold._on_speech_stopped,
-    "user.transcript": ContextFold._on_transcript,
-    "user.text": ContextFold._on_user_text,
-    "agent.reply.started": ContextFold._on_reply_started,
-    "agent.text": ContextFold._on_text,
-    "agent.reply.done": ContextFold._on_reply_done,
-    "agent.speech.started": ContextFold._on_agent_speech_started,
-    "agent.speech.progress": ContextFold._on_speech_progress,
-    "agent.speech.ended": ContextFold._on_agent_speech_ended,
-    "interruption": ContextFold._on_interruption,
-    "tool.call": ContextFold._on_tool_call,
-    "tool.started": ContextFold._on_tool_started,
-    "tool.progress": ContextFold._on_tool_progress,
-    "tool.result": ContextFold._on_tool_result,
-    "tool.cancelled": ContextFold._on_tool_cancelled,
-}
 
 
 def fold_events(events: Iterable[Event], session: str | None = None) -> ContextFold:

@@ -1,21 +1,26 @@
 """The live runtime: guarded tools, interruption-aware waits, resume and handoff (SPEC sections 3, 4)."""
 
+from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
 from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
 from calltape.runtime.session import CallSession
 from calltape.runtime.stats import merge_stats, session_stats
-from calltape.runtime.tools import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
+from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
 from calltape.runtime.waits import Interrupted
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "CallSession",
+    "EventSink",
+    "FoldedSink",
     "Interrupted",
+    "LiveCall",
     "Recovery",
     "RecoveryBus",
     "RecoveryStream",
     "ResumePlan",
     "ToolDecision",
+    "ToolHost",
     "ToolOutcome",
     "ToolSpec",
     "canonical_arguments",

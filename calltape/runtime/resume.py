@@ -17,7 +17,7 @@ from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.projections import ContextFold, ToolCallState, build_context, render
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries
-from calltape.runtime.tools import ToolSpec
+from calltape.runtime.toolspec import ToolSpec
 
 _TOOL_EVENTS = frozenset({"tool.call", "tool.started", "tool.progress", "tool.result", "tool.cancelled"})
 

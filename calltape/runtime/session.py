@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.eventstore.recorder import Recorder, SessionTape
 from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, watch_fenced_writes
-from calltape.runtime.tools import ToolBody, ToolOutcome, ToolRunner, ToolSpec
+from calltape.runtime.tools import ToolRunner
+from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 from calltape.runtime.waits import Interrupted, PlayoutWaiters
 
 
@@ -267,3 +269,9 @@ class CallSession:
     async def drop(self, reason: str | None = None) -> None:
         """Records that the call was lost mid-call (``session.dropped``, durable), so it can be resumed."""
         await self.emit_durable("session.dropped", {"reason": reason} if reason else {})
+
+
+if TYPE_CHECKING:
+
+    def _is_a_live_call(call: CallSession) -> LiveCall:
+        return call  # mypy checks here that CallSession satisfies the LiveCall protocol

@@ -6,75 +6,36 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
-
-import orjson
+from typing import Any
 
 from calltape.projections import ToolCallState
+from calltape.runtime.protocol import ToolHost
 from calltape.runtime.recovery import Recovery
+from calltape.runtime.toolspec import (
+    DEFAULT_TIMEOUT,
+    Progress,
+    Reconcile,
+    ToolBody,
+    ToolOutcome,
+    ToolSpec,
+    canonical_arguments,
+)
 
-if TYPE_CHECKING:
-    from calltape.runtime.session import CallSession
+# The spec types are re-exported: ``from calltape.runtime.tools import ToolSpec`` keeps working.
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Progress",
+    "Reconcile",
+    "ToolBody",
+    "ToolOutcome",
+    "ToolRunner",
+    "ToolSpec",
+    "canonical_arguments",
+]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = 10.0
-
-Progress = Callable[..., None]
-"""``progress(state, message=None)``: records a ``tool.progress`` checkpoint."""
-ToolBody = Callable[[], Awaitable[Any]] | Callable[[Progress], Awaitable[Any]]
-Reconcile = Callable[[ToolCallState], Awaitable[Any]]
-"""Asks the tool's own system what happened to a call of unknown outcome; returns its output, or
-``None`` when it still cannot tell (e.g. "is there a booking with this idempotency key?")."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """How calltape runs one tool. Every field has a safe default; none means "wait forever"."""
-
-    timeout: float = DEFAULT_TIMEOUT
-    on_interrupt: Literal["finish", "cancel"] = "finish"
-    idempotent: bool = False
-    """Safe to run twice: resume plans a ``retry`` for it instead of ``unknown``."""
-    reuse_identical: bool = False
-    """An identical call (same name, same canonical arguments) completed earlier returns its result."""
-    reconcile: Reconcile | None = None
-
-    def __post_init__(self) -> None:
-        timeout = self.timeout
-        # NaN passes a plain `<= 0` test and makes asyncio.timeout wait forever: refuse it too.
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not math.isfinite(timeout)
-            or timeout <= 0
-        ):
-            raise ValueError("a tool timeout must be a positive, finite number of seconds")
-
-
-@dataclass(frozen=True, slots=True)
-class ToolOutcome:
-    """How a guarded tool call turned out: its output, its status, and whether the body ran this time."""
-
-    output: Any
-    status: str
-    """completed, error, timeout, cancelled or unknown."""
-    ran: bool
-    """False when calltape answered from the log (exactly-once) or refused to start the call."""
-
-
-def canonical_arguments(arguments: Any) -> bytes:
-    """Arguments as sorted-key JSON, so ``{"a":1,"b":2}`` and ``'{"b": 2, "a": 1}'`` are the same call."""
-    if isinstance(arguments, (str, bytes)):
-        try:
-            arguments = orjson.loads(arguments) if arguments.strip() else {}
-        except orjson.JSONDecodeError:
-            return arguments.encode() if isinstance(arguments, str) else arguments
-    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
 
 
 def _wants_progress(body: ToolBody) -> bool:
@@ -95,7 +56,7 @@ class _Running:
 class ToolRunner:
     """Runs tool bodies for one live session; the session's fold is the source of truth."""
 
-    def __init__(self, call: CallSession) -> None:
+    def __init__(self, call: ToolHost) -> None:
         self.call = call
         self.running: dict[str, _Running] = {}
         self._results: dict[str, asyncio.Future[ToolOutcome]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,32 @@ from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
 SAMPLE_RATE = 16000
+
+
+def _offline_sentences() -> None:
+    """Pipecat < 1.11 splits TTS text into sentences with NLTK, whose ``punkt_tab`` data it downloads at
+    run time; offline, split at sentence punctuation instead (no network in tests)."""
+    from pipecat.utils import string as pipecat_string
+
+    loader = getattr(pipecat_string, "_sent_tokenizer", None)
+    if loader is None or inspect.signature(loader).parameters:  # >= 1.11: a bundled splitter
+        return
+    try:
+        import nltk
+
+        nltk.data.find("tokenizers/punkt_tab")
+    except LookupError:
+        import re
+
+        def split(text: str) -> list[str]:
+            return [s for s in re.split(r"(?<=[.!?;])\s+", text) if s]
+
+        pipecat_string._sent_tokenizer = lambda: split  # type: ignore[attr-defined]
+    except ImportError:
+        return
+
+
+_offline_sentences()
 
 LIVE_BOTS: list[VoiceBot] = []
 """Pipelines started by the current test (a fixture stops what a failing test left running)."""
@@ -274,19 +301,29 @@ def build_voice_bot(
     extra: Sequence[FrameProcessor] = (),
     after_output: Sequence[FrameProcessor] = (),
     llm_timeout: float | None = None,
+    user_mute_strategies: Sequence[Any] = (),
+    user_turn_start: Sequence[Any] | None = None,
+    output: bool = True,
 ) -> VoiceBot:
-    """Builds the idiomatic cascade pipeline (transcripts are pushed in as frames, no STT)."""
+    """Builds the idiomatic cascade pipeline (transcripts are pushed in as frames, no STT).
+
+    ``output=False`` builds a text pipeline (no TTS, no output transport)."""
     context = LLMContext(messages=messages or [{"role": "system", "content": "You are a test bot."}])
     pair = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
-            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)]),
+            user_turn_strategies=UserTurnStrategies(
+                start=list(user_turn_start) if user_turn_start is not None else None,
+                stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)],
+            ),
             user_turn_stop_timeout=0.3,
+            user_mute_strategies=list(user_mute_strategies),
         ),
     )
     tts = ScriptedTTS(word_secs=word_secs)
-    output = NullOutputTransport()
-    pipeline = Pipeline([pair.user(), llm, tts, *extra, output, *after_output, pair.assistant()])
+    transport = NullOutputTransport()
+    playout: list[FrameProcessor] = [tts, *extra, transport, *after_output] if output else []
+    pipeline = Pipeline([pair.user(), llm, *playout, pair.assistant()])
     worker = PipelineWorker(
         pipeline,
         observers=list(observers or []),
@@ -295,7 +332,7 @@ def build_voice_bot(
         enable_rtvi=False,
         enable_turn_tracking=False,
     )
-    return VoiceBot(llm, tts, output, context, pair, worker, WorkerRunner())
+    return VoiceBot(llm, tts, transport, context, pair, worker, WorkerRunner())
 
 
 async def eventually(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from projection_timeline import T0, Tape
 
@@ -14,12 +16,17 @@ from calltape.eventstore import EventStore
 from calltape.projections import (
     FOLD_VERSION,
     AtSeq,
+    ContextFold,
     InvalidInstant,
+    SnapshotMismatch,
     SnapshotPolicy,
     build_context,
     fold_events,
     snapshot_now,
 )
+
+V0_1 = Path(__file__).parent / "data" / "snapshot_v0_1.json"
+"""A snapshot as v0.1 wrote it (fold version 1): ``call_session("SESSION", 4)`` folded to seq 29."""
 
 
 class Spy:
@@ -149,3 +156,27 @@ async def test_snapshot_now_uses_the_last_clean_point(store: EventStore) -> None
     assert await snapshot_now(store, session, ahead) == len(events) + 1
     with pytest.raises(SessionNotFound):
         await snapshot_now(store, "nobody")
+
+
+async def test_a_v0_1_snapshot_in_the_database_is_ignored_and_rebuilt(store: EventStore) -> None:
+    """v0.1 stored its positional layout under fold version 1: never read as state, replaced by a new one."""
+    events = await stored(store, call_session("v01", 4))
+    session = events[0].session
+    old = V0_1.read_bytes().replace(b'"session":"SESSION"', b'"session":' + orjson.dumps(session))
+    assert b'"v":1,' in old and b'"items":[["u",' in old
+    with pytest.raises(SnapshotMismatch, match="fold version 1,"):
+        ContextFold.from_snapshot(old)
+    await store.save_snapshot(session, 29, 1, old)  # where v0.1 saved it
+    await store.save_snapshot(session, 20, FOLD_VERSION, old)  # and, misfiled, under this version
+    spy = Spy(store)
+    got = await build_context(spy, session, snapshots=SnapshotPolicy(every=25))
+    assert spy.reads == [(0, len(events))]  # folded from seq 1
+    assert got.native() == fold_events(events).native()
+    (saved,) = spy.saves
+    loaded = await store.load_snapshot(session, FOLD_VERSION)
+    assert loaded is not None and loaded[0] == saved > 20
+    restored = ContextFold.from_snapshot(loaded[1])
+    assert restored.native() == fold_events(events[:saved]).native()
+    spy.reads.clear()
+    again = await build_context(spy, session, snapshots=None)
+    assert spy.reads == [(saved, len(events))] and again.native() == got.native()

@@ -143,6 +143,8 @@ def test_every_prefix_is_valid_deterministic_and_equals_incremental(plan: list[t
         fresh = fold_events(unique[:n])
         assert fresh.to_snapshot() == live.to_snapshot()
         assert fresh.native() == native
+        # to_snapshot froze the settled items of both folds: every query still sees them
+        assert fresh.tool_calls() == live.tool_calls() and fresh.replies() == live.replies()
         # the clean bookkeeping kept incrementally equals the one a restore recomputes from scratch
         assert ContextFold.from_snapshot(live.to_snapshot()).native() == native
         if native["clean"]:
@@ -186,3 +188,37 @@ def test_apply_and_apply_many_agree(plan: list[tuple[int, int]]) -> None:
     many.apply_many(iter(with_dups))
     assert one.to_snapshot() == many.to_snapshot()
     assert (one.seq, one.last_clean_seq) == (many.seq, many.last_clean_seq)
+
+
+@SETTINGS
+@given(
+    plan=ops,
+    modality=st.sampled_from(["voice", "text"]),
+    cuts=st.lists(st.integers(0, 60), min_size=1, max_size=4),
+)
+def test_chained_snapshots_plus_tail_equal_full_fold(
+    plan: list[tuple[int, int]], modality: str, cuts: list[int]
+) -> None:
+    """Snapshot, restore, fold a piece, snapshot again...: every query agrees with the full fold."""
+    _, unique, _ = build(plan, modality)
+    full = fold_events(unique, session="s1")
+    fold = ContextFold("s1")
+    at = 0
+    for cut in sorted(min(c, len(unique)) for c in cuts):
+        fold.apply_many(unique[at:cut])
+        at = cut
+        blob = fold.to_snapshot()
+        fold = ContextFold.from_snapshot(blob)
+        assert fold.to_snapshot() == blob
+    fold.apply_many(unique[at:])
+    assert fold.native() == full.native()
+    assert fold.to_snapshot() == full.to_snapshot()
+    assert fold.tool_calls() == full.tool_calls()
+    assert fold.replies() == full.replies()
+    assert fold.open_replies() == full.open_replies()
+    assert (fold.latest_reply(), fold.user_turn_seq, fold.pending_user_text) == (
+        full.latest_reply(),
+        full.user_turn_seq,
+        full.pending_user_text,
+    )
+    assert (fold.clean, fold.last_clean_seq, fold.counters) == (full.clean, full.last_clean_seq, full.counters)

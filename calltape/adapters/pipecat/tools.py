@@ -1,0 +1,283 @@
+"""Guarded tools: Pipecat function handlers run under ``call.run_tool`` (SPEC section 3).
+
+``tool.started`` is committed before the handler runs, every call has a timeout, a call id that
+already has a result is not run again, and a call of an interrupted generation that has not started
+yet is never started (pipecat-ai#4997).
+
+Two ways in, one behaviour:
+
+* :func:`guard` — ``guard(llm, call)`` once, then Pipecat's own ``llm.register_function(name,
+  handler)`` registers guarded handlers (a drop-in: nothing else in the app changes). A tool that was
+  registered on the LLM *before* ``guard`` would run unguarded, so ``guard`` refuses to proceed
+  (:class:`~calltape.errors.CalltapeError` naming the tools) rather than leave it silently unguarded.
+* :func:`register_function` — ``register_function(llm, call, name, handler)``, one tool at a time.
+
+Either way the guarded LLM's live context is reconciled before each inference (:mod:`.live`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pipecat.frames.frames import FunctionCallResultProperties
+from pipecat.services.llm_service import FunctionCallParams, LLMService
+
+from calltape.adapters.pipecat.live import LiveReconciler
+from calltape.adapters.pipecat.shared import Shared, consume, jsonable, shared
+from calltape.errors import CalltapeError
+from calltape.runtime import ToolOutcome, ToolSpec
+
+Handler = Callable[[FunctionCallParams], Awaitable[None]]
+
+_GUARDED_LLMS: dict[int, Any] = {}
+
+
+def guard(llm: LLMService, call: Any, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
+    """Puts every tool of ``llm`` under calltape: from now on ``llm.register_function(name, handler,
+    ...)`` registers a guarded handler (``spec=`` is accepted there too; else ``specs[name]``, then
+    ``call.tools[name]``, then the defaults).
+
+    Raises :class:`~calltape.errors.CalltapeError` when tools were registered on ``llm`` before (they
+    would run unguarded) or when ``llm`` is already guarded for another call. Returns ``llm``."""
+    owner = _GUARDED_LLMS.get(id(llm))
+    if owner is not None:
+        if owner is call:
+            return llm
+        raise CalltapeError("this Pipecat LLM service is already guarded for another call")
+    plain = unguarded_tools(llm)
+    if plain:
+        raise CalltapeError(
+            "tools registered before calltape.adapters.pipecat.guard() would run unguarded: "
+            + ", ".join(sorted(plain))
+            + "; call guard(llm, call) first, then llm.register_function(...)"
+        )
+    original = llm.register_function
+    known = dict(specs or {})
+
+    def register_function(
+        function_name: str | None,
+        handler: Any,
+        *,
+        spec: ToolSpec | None = None,
+        timeout_secs: float | None = None,
+        cancel_on_interruption: bool | None = None,
+        cancellable_by_llm: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if function_name is None:
+            raise CalltapeError("a catch-all handler (function_name=None) cannot be guarded; register each tool")
+        _register(
+            original,
+            call,
+            function_name,
+            handler,
+            spec=spec or known.get(function_name),
+            timeout_secs=timeout_secs,
+            cancel_on_interruption=cancel_on_interruption,
+            cancellable_by_llm=cancellable_by_llm,
+            **kwargs,
+        )
+
+    def register_direct_function(*_args: Any, **_kwargs: Any) -> None:
+        raise CalltapeError("direct functions cannot be guarded; register a handler with llm.register_function")
+
+    llm.register_function = register_function  # type: ignore[method-assign]
+    llm.register_direct_function = register_direct_function  # type: ignore[method-assign]
+    _GUARDED_LLMS[id(llm)] = call
+    LiveReconciler.install(llm, call)
+    return llm
+
+
+def unguarded_tools(llm: LLMService) -> set[str]:
+    """Tools registered on ``llm`` that run unguarded (Pipecat keeps no public list; read its registry)."""
+    registry = getattr(llm, "_functions", None)
+    if not isinstance(registry, Mapping):
+        return set()
+    if _GUARDED_LLMS.get(id(llm)) is not None:
+        return {
+            str(name) if name is not None else "<catch-all>"
+            for name, item in registry.items()
+            if not getattr(getattr(item, "handler", None), "_calltape_guarded", False)
+        }
+    return {str(name) if name is not None else "<catch-all>" for name in registry}
+
+
+def register_function(
+    llm: LLMService,
+    call: Any,
+    function_name: str,
+    handler: Handler,
+    *,
+    spec: ToolSpec | None = None,
+    timeout_secs: float | None = None,
+    cancel_on_interruption: bool | None = None,
+    cancellable_by_llm: bool | None = None,
+) -> None:
+    """Registers one guarded tool: ``llm.register_function(name, handler)`` with ``handler`` run under
+    calltape (see :func:`guard` for the drop-in form).
+
+    The handler keeps its Pipecat signature (``async def handler(params)`` and ``await
+    params.result_callback(result)``). ``spec`` (a :class:`~calltape.runtime.ToolSpec`) sets the
+    timeout (``timeout_secs`` overrides it), the interruption policy, idempotency and reuse; the
+    timeout is calltape's, so Pipecat's own ``timeout_secs`` is left unset. With
+    ``on_interrupt="finish"`` (the default) a call Pipecat cancels on a barge-in keeps running and its
+    result lands in calltape's context and in Pipecat's live context; with ``"cancel"`` the
+    cancellation reaches the handler.
+    """
+    register = llm.register_function
+    if _GUARDED_LLMS.get(id(llm)) is None:
+        LiveReconciler.install(llm, call)
+    _register(
+        register,
+        call,
+        function_name,
+        handler,
+        spec=spec,
+        timeout_secs=timeout_secs,
+        cancel_on_interruption=cancel_on_interruption,
+        cancellable_by_llm=cancellable_by_llm,
+    )
+
+
+def _register(
+    register: Callable[..., Any],
+    call: Any,
+    function_name: str,
+    handler: Any,
+    *,
+    spec: ToolSpec | None,
+    timeout_secs: float | None,
+    cancel_on_interruption: bool | None,
+    cancellable_by_llm: bool | None,
+    **kwargs: Any,
+) -> None:
+    if getattr(handler, "_calltape_guarded", False):
+        guarded = handler
+    else:
+        state = shared(call)
+        state.guarded_names.add(function_name)
+        tool_spec = spec or call.tools.get(function_name) or ToolSpec()
+        if timeout_secs is not None:
+            tool_spec = dataclasses.replace(tool_spec, timeout=timeout_secs)
+        guarded = GuardedFunction(call, state, function_name, handler, tool_spec)
+    register(
+        function_name,
+        guarded,
+        cancel_on_interruption=cancel_on_interruption,
+        cancellable_by_llm=cancellable_by_llm,
+        **kwargs,
+    )
+
+
+class GuardedFunction:
+    """The Pipecat handler that wraps the user's handler in ``call.run_tool``."""
+
+    _calltape_guarded = True
+
+    # How long to wait for the observer to announce a call before recording it without its reply.
+    ANNOUNCE_WAIT = 0.5
+
+    def __init__(self, call: Any, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
+        self.call = call
+        self.shared = state
+        self.name = name
+        self.handler = handler
+        self.spec = spec
+        self.__name__ = getattr(handler, "__name__", name)
+        self.__doc__ = handler.__doc__
+        # Pipecat's @tool_options decorations stay visible to register_function.
+        for attr in ("_pipecat_cancel_on_interruption", "_pipecat_timeout_secs", "_pipecat_cancellable_by_llm"):
+            if hasattr(handler, attr):
+                setattr(self, attr, getattr(handler, attr))
+
+    async def __call__(self, params: FunctionCallParams) -> None:
+        """Runs one call under ``call.run_tool`` and reports its one outcome to Pipecat."""
+        call_id = params.tool_call_id
+        reply = await self._announced(params)
+        self.shared.guard_entered.add(call_id)
+        arguments = jsonable(dict(params.arguments or {}))
+        body = self._body(params)
+        inner = asyncio.ensure_future(
+            self.call.run_tool(call_id, self.name, arguments, body, reply=reply, spec=self.spec)
+        )
+        try:
+            outcome: ToolOutcome = await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            # Pipecat gave up on the call (barge-in with cancel_on_interruption, teardown). calltape's
+            # ToolSpec decides what happens to the tool: "cancel" stops it when the interruption is
+            # recorded, "finish" lets it run; either way it ends under its timeout, in the log, and
+            # its one output is written back into Pipecat's live context (.live).
+            self.shared.abandoned.add(call_id)
+            self.shared.background.add(inner)
+            context = getattr(params, "context", None)
+            inner.add_done_callback(self._landed(context))
+            raise
+        properties = None
+        if not outcome.ran and outcome.status == "cancelled":
+            # A call of an interrupted generation: settle it in Pipecat's context without a new inference.
+            properties = FunctionCallResultProperties(run_llm=False)
+        with contextlib.suppress(Exception):
+            await params.result_callback(outcome.output, properties=properties)
+
+    def _landed(self, context: Any) -> Callable[[asyncio.Future[Any]], None]:
+        def done(task: asyncio.Future[Any]) -> None:
+            self.shared.background.discard(task)
+            consume(task)
+            if context is not None:
+                with contextlib.suppress(Exception):
+                    LiveReconciler.reconcile(context, self.call)
+
+        return done
+
+    async def _announced(self, params: FunctionCallParams) -> str | None:
+        """The reply that asked for this call, once the observer has recorded ``tool.call``."""
+        call_id = params.tool_call_id
+        if call_id not in self.shared.call_reply and self.shared.observed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.shared.seen(call_id).wait(), self.ANNOUNCE_WAIT)
+        # Let the observer take in what was pushed before this call ran (an interruption, say).
+        await asyncio.sleep(0)
+        # Unannounced (no observer): run_tool records tool.call itself, without a reply.
+        self.shared.call_seen.pop(call_id, None)
+        return self.shared.call_reply.get(call_id)
+
+    def _body(self, params: FunctionCallParams) -> Callable[[Any], Awaitable[Any]]:
+        handler = self.handler
+
+        async def body(progress: Callable[..., Any]) -> Any:
+            landed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            async def result_callback(result: Any, *, properties: FunctionCallResultProperties | None = None) -> None:
+                if properties is not None and not properties.is_final:
+                    done = progress(jsonable(result))
+                    if inspect.isawaitable(done):
+                        await done
+                    return
+                if not landed.done():
+                    landed.set_result(result)
+
+            own = dataclasses.replace(params, result_callback=result_callback)
+            task = asyncio.ensure_future(handler(own))
+            try:
+                await asyncio.wait({task, landed}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                task.cancel()  # calltape's timeout or an interruption with on_interrupt="cancel"
+                raise
+            try:
+                if not landed.done():
+                    task.result()  # raises the handler's exception, if any
+                    return None  # returned without a result: Pipecat would say "COMPLETED"
+                return jsonable(landed.result())
+            finally:
+                if not task.done():
+                    # Pipecat handlers may go on after reporting (cleanup, fillers); let them.
+                    task.add_done_callback(consume)
+                if task.done() and not task.cancelled():
+                    consume(task)
+
+        return body
