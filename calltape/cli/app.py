@@ -119,6 +119,7 @@ app.command("show", rich_help_panel=_INSPECT)(timeline_cmds.show)
 app.command("context", rich_help_panel=_INSPECT)(inspect_cmds.context)
 app.command("diff", rich_help_panel=_INSPECT)(inspect_cmds.diff)
 app.command("stats", rich_help_panel=_INSPECT)(live_cmds.stats)
+app.command("check", rich_help_panel=_INSPECT)(importlib.import_module("calltape.cli.check").check)
 
 app.command("tail", rich_help_panel=_LIVE)(live_cmds.tail)
 app.command("resume", rich_help_panel=_LIVE)(live_cmds.resume)
