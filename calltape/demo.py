@@ -53,7 +53,7 @@ class _Demo:
     def section(self, title: str) -> None:
         self.step_no += 1
         self.console.print()
-        self.console.rule(f"[bold]{self.step_no} · {title}", align="left", style="cyan")
+        self.console.rule(Text(f"{self.step_no} · {title}", style="bold"), align="left", style="cyan")
 
     def say(self, who: str, text: str, style: str) -> None:
         self.console.print(Text.assemble((f"  {who:>9} ", f"bold {style}"), (text, style)))

@@ -25,10 +25,12 @@ LAYERS: dict[str, int] = {
     "calltape.migrations": 1,
     "calltape.projections": 2,
     "calltape.runtime": 3,
+    "calltape.checks": 3,  # the check rules: events and the fold, nothing of the runtime
     "calltape.adapters": 4,
     "calltape.server": 4,
     "calltape.demo": 4,
     "calltape.cli": 5,
+    "calltape.testing": 6,  # the test harness: drives the runtime, prints timelines as the CLI does
     "calltape.client": 4,  # calltape.connect(): wires store, recorder and calls; adapters may build on it
     "calltape": 6,  # the root re-exports everything (lazily): importing it from inside is importing the top
 }

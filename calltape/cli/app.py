@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from calltape.cli import erase as erase_cmds
 from calltape.cli import inspect as inspect_cmds
@@ -39,6 +40,7 @@ Start with **calltape demo**.
 """
 
 EPILOG = (
+    "Global options such as --db may also follow the command. "
     "Exit status: 0 ok · 1 diff found differences · 2 error (one sentence on stderr; "
     "CALLTAPE_DEBUG=1 shows the traceback) · 130 interrupted."
 )
@@ -67,8 +69,32 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", help="Print the installed version and exit.", is_eager=True, callback=_show_version
+        ),
+    ] = False,
 ) -> None:
     ctx.obj = CliState(db=db)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"calltape {installed_version()}\n")
+        raise typer.Exit(0)
+
+
+def installed_version() -> str:
+    """The version of the installed calltape distribution (the package's own when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("calltape")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        import calltape
+
+        return str(getattr(calltape, "__version__", "unknown"))
 
 
 db_app = typer.Typer(
@@ -96,6 +122,7 @@ app.command("show", rich_help_panel=_INSPECT)(timeline_cmds.show)
 app.command("context", rich_help_panel=_INSPECT)(inspect_cmds.context)
 app.command("diff", rich_help_panel=_INSPECT)(inspect_cmds.diff)
 app.command("stats", rich_help_panel=_INSPECT)(live_cmds.stats)
+app.command("check", rich_help_panel=_INSPECT)(importlib.import_module("calltape.cli.check").check)
 
 app.command("tail", rich_help_panel=_LIVE)(live_cmds.tail)
 app.command("resume", rich_help_panel=_LIVE)(live_cmds.resume)
@@ -112,9 +139,43 @@ def _click_exceptions() -> ModuleType:
 
 
 def _fail(message: str) -> int:
+    """Prints the one-sentence error. The message is user data (ids, paths, values): never markup."""
     message = message.strip().rstrip(".")
-    err().print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False, soft_wrap=True)
+    line = Text("error:", style="bold red")
+    line.append(" " + message)
+    err().print(line, highlight=False, soft_wrap=True)
     return EXIT_ERROR
+
+
+GLOBAL_OPTIONS = ("--db",)
+"""Options of the root command that users may also write after the subcommand."""
+
+
+def hoist_global_options(argv: Sequence[str]) -> list[str]:
+    """``calltape sessions --db URL`` means ``calltape --db URL sessions``: move every global option
+    (and its value) to the front, leaving everything after ``--`` alone."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    args = list(argv)
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:
+            if "=" in arg:
+                front.append(arg)
+            elif i + 1 < len(args):
+                front.extend(args[i : i + 2])
+                i += 1
+            else:
+                rest.append(arg)  # no value: let the parser say so
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
 
 
 def _usage(exc: Any) -> int:
@@ -130,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = typer.main.get_command(app)
     debug = bool(os.environ.get("CALLTAPE_DEBUG"))
     cx = _click_exceptions()
+    args = hoist_global_options(sys.argv[1:] if argv is None else argv)
     try:
-        rv = command.main(args=argv, prog_name="calltape", standalone_mode=False)
+        rv = command.main(args=args, prog_name="calltape", standalone_mode=False)
     except cx.NoArgsIsHelpError as exc:
         if exc.ctx is not None:
             typer.echo(exc.ctx.get_help())

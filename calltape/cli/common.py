@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -53,7 +54,9 @@ def state(ctx: typer.Context) -> CliState:
 def _console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
-    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False)
+    # markup=False: session ids, agent names and messages are user data; "[/x]" in one must print as
+    # itself, never be parsed as a style tag (styles are applied with Text and style= only).
+    return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False, markup=False)
 
 
 _out: Console | None = None
@@ -94,16 +97,56 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def database_url(ctx: typer.Context) -> str:
+    """The resolved URL of the database this command uses (``--db``, the environment, the default)."""
+    from calltape.eventstore import resolve_url
+
+    return resolve_url(state(ctx).db)
+
+
+def ensure_exists(url: str) -> None:
+    """A read command creates nothing: an SQLite file that is not there is one sentence naming it."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database or "")
+    if not path.exists():
+        from calltape.eventstore import default_path
+
+        if path == default_path():
+            raise CliError(
+                f"there is no calltape database yet at '{path}' (the embedded default): "
+                "`calltape import FILE` or `calltape demo` creates it"
+            )
+        raise CliError(
+            f"there is no calltape database at '{path}': check the path "
+            "(`calltape import` or `calltape db upgrade` creates one)"
+        )
+    if path.is_dir():
+        raise CliError(f"'{path}' is a directory, not an SQLite database")
+
+
 @contextlib.asynccontextmanager
-async def opened_store(ctx: typer.Context) -> AsyncIterator[EventStore]:
-    """The store named by ``--db``, ``$CALLTAPE_DATABASE_URL`` or the embedded default."""
+async def opened_store(ctx: typer.Context, *, create: bool = False) -> AsyncIterator[EventStore]:
+    """The store named by ``--db``, ``$CALLTAPE_DATABASE_URL`` or the embedded default.
+
+    Read commands (``create=False``) never create a database file or directory; every database failure a
+    user can cause becomes one sentence naming the fix.
+    """
+    from calltape.cli.dberrors import database_errors
     from calltape.eventstore import open_store
 
-    store = await open_store(state(ctx).db)
-    try:
-        yield store
-    finally:
-        await store.close()
+    url = database_url(ctx)
+    if not create:
+        ensure_exists(url)
+    with database_errors(url):
+        store = await open_store(url)
+        try:
+            yield store
+        finally:
+            await store.close()
 
 
 async def require_session(store: EventStore, session: str) -> Any:
@@ -113,6 +156,15 @@ async def require_session(store: EventStore, session: str) -> Any:
     if info is None:
         raise SessionNotFound(session)
     return info
+
+
+def within(info: Any, seq: int, option: str) -> None:
+    """``--at N`` / ``--to N`` must name a seq the session has: past its end is one sentence."""
+    if seq > info.last_seq:
+        raise CliError(
+            f"{option} {seq} is past the end of session '{info.session}', which has {info.last_seq} "
+            f"event{'s' if info.last_seq != 1 else ''} (seqs 1 to {info.last_seq})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +29,7 @@ from calltape.cli.common import (
     require_session,
     run,
     shorten,
+    within,
     write_json,
 )
 
@@ -120,7 +122,15 @@ def sessions(
     if not found:
         out().print("No sessions.", style="dim")
         return
+    # The session id is the one column a user copies: it is never wrapped, folded or cut. Every other
+    # column gives way first, and on a terminal too narrow even for the ids the table grows past it.
+    id_width = max(len("SESSION"), *(len(i.session) for i in found))
+    console = out()
     table = Table(box=None, header_style="bold", pad_edge=False)
+    if console.width < id_width + 60:
+        console = Console(
+            file=console.file, width=id_width + 110, highlight=False, markup=False, no_color=console.no_color
+        )
     for name, justify in (
         ("SESSION", "left"),
         ("AGENT", "left"),
@@ -131,7 +141,10 @@ def sessions(
         ("STARTED (UTC)", "left"),
         ("LENGTH", "right"),
     ):
-        table.add_column(name, justify=justify, no_wrap=name != "SESSION")  # type: ignore[arg-type]
+        if name == "SESSION":
+            table.add_column(name, no_wrap=True, min_width=id_width, overflow="ignore")
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for info in found:
         length = (
             info.last_at_ms - info.first_at_ms if info.last_at_ms is not None and info.first_at_ms is not None else None
@@ -146,19 +159,24 @@ def sessions(
             clock(info.first_at_ms),
             duration(length),
         )
-    out().print(table)
+    console.print(table)
     if more:
-        out().print(f"(first {limit} shown; use --limit 0 for all)", style="dim")
+        console.print(f"(first {limit} shown; use --limit 0 for all)", style="dim")
 
 
 # ---------------------------------------------------------------------------------------------
 # context
 
 
-async def fold_at(store: EventStore, session: str, at: str | None) -> ContextFold:
-    from calltape.projections import build_context
+async def fold_at(store: EventStore, session: str, at: str | None, option: str = "--at") -> ContextFold:
+    """The fold at ``at``; a seq past the session's last event is an error, never silently the end."""
+    from calltape.projections import AtSeq, build_context, parse_instant
 
-    await require_session(store, session)
+    info = await require_session(store, session)
+    if at is not None:
+        instant = parse_instant(at)
+        if isinstance(instant, AtSeq):
+            within(info, instant.seq, option)
     return await build_context(store, session, at)
 
 
@@ -219,8 +237,8 @@ def _summary(folded: ContextFold, events: list[Any]) -> dict[str, int]:
     return summary
 
 
-async def _side(store: EventStore, session: str, at: str | None) -> Side:
-    folded = await fold_at(store, session, at)
+async def _side(store: EventStore, session: str, at: str | None, option: str) -> Side:
+    folded = await fold_at(store, session, at, option)
     events = await store.read(session, to_seq=folded.seq)
     label = f"{session}@{folded.seq}"
     return Side(label, session, folded.seq, folded.native(), _summary(folded, events))
@@ -311,8 +329,8 @@ def diff(
 
     async def compare() -> tuple[Side, Side]:
         async with opened_store(ctx) as store:
-            left = await _side(store, a, at)
-            right = await _side(store, right_session, right_at)
+            left = await _side(store, a, at, "--at")
+            right = await _side(store, right_session, right_at, "--vs-at" if vs_at is not None else "--at")
             return left, right
 
     left, right = run(compare())

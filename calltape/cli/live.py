@@ -21,6 +21,7 @@ from calltape.cli.common import (
     compact_json,
     complete_format,
     completer,
+    database_url,
     duration,
     note,
     one_of,
@@ -33,6 +34,7 @@ from calltape.cli.common import (
     state,
     write_json,
 )
+from calltape.cli.dberrors import database_errors
 
 if TYPE_CHECKING:
     from calltape.events import Event
@@ -200,6 +202,12 @@ def resume(
     instructions: Annotated[
         str | None, typer.Option(metavar="TEXT", help="New system instructions for the new agent.")
     ] = None,
+    take_over: Annotated[
+        bool,
+        typer.Option(
+            "--take-over", help="Resume even a call that already has a live resumed agent (it is fenced in turn)."
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Accepted for uniformity: the plan is always JSON.")] = False,
 ) -> None:
     """Resume a call on a new agent: settle what was in flight, fence the old writer, print the plan.
@@ -208,20 +216,36 @@ def resume(
     the chosen format, and a decision per open tool call: reuse (result in the log), retry
     (declared --idempotent) or unknown (may have run: never re-run automatically). Unless
     --dry-run, the settling events and session.resumed are appended, so any later write from the
-    old agent's epoch is rejected.
+    old agent's epoch is rejected. While the old agent still writes, the plan is made again on the
+    longer log until it lands (up to 30 s). A call already resumed by an agent that is still live
+    is refused unless --take-over.
     """
     check_format(format)
 
     async def go() -> dict[str, Any]:
+        from calltape.errors import ConcurrencyConflict
         from calltape.runtime import ToolSpec
         from calltape.runtime import resume as do_resume
 
         tools = {name: ToolSpec(idempotent=True) for name in idempotent or []}
         async with opened_store(ctx) as store:
             await require_session(store, session)
-            plan = await do_resume(
-                store, session, agent, dry_run=dry_run, tools=tools, instructions=instructions, format=format
-            )
+            try:
+                plan = await do_resume(
+                    store,
+                    session,
+                    agent,
+                    dry_run=dry_run,
+                    tools=tools,
+                    instructions=instructions,
+                    format=format,
+                    take_over=take_over,
+                )
+            except ConcurrencyConflict:
+                raise CliError(
+                    f"session '{session}' kept changing while the resume was planned (another writer appended "
+                    "for 30 s, or another resume won): nothing was appended; stop the other writer and try again"
+                ) from None
             return plan.to_json()
 
     write_json(run(go()))
@@ -251,6 +275,7 @@ def stats(
     until_ms = parse_when(until, "--until") if until else None
 
     async def compute() -> dict[str, Any]:
+        from calltape.cli.progress import meter
         from calltape.runtime import merge_stats, session_stats
 
         async with opened_store(ctx) as store:
@@ -258,7 +283,12 @@ def stats(
                 await require_session(store, session)
                 return session_stats(await store.read(session))
             infos = await store.sessions(agent=agent, tenant=tenant, since_ms=since_ms, until_ms=until_ms)
-            return merge_stats([session_stats(await store.read(i.session)) for i in infos])
+            figures = []
+            with meter("reading sessions", len(infos), count=True) as bar:
+                for info in infos:
+                    figures.append(session_stats(await store.read(info.session)))
+                    bar.update(advance=1)
+            return merge_stats(figures)
 
     figures = run(compute())
     if json_out:
@@ -325,21 +355,20 @@ def serve(
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.
     Runs until Ctrl-C. Needs the serve extra: pip install 'calltape[serve]'.
     """
-    try:
+    from calltape.extras import requires_extra
+
+    with requires_extra("serve", "calltape serve"):
         from calltape.server import run_server
-    except ImportError as exc:
-        raise CliError(
-            f"calltape serve needs the serve extra ({exc.name} is missing): pip install 'calltape[serve]'"
-        ) from None
     from calltape.eventstore import open_store
 
-    url = state(ctx).db
+    url = database_url(ctx)
 
     async def check() -> None:  # fail fast, in the CLI's error style, before the server starts
         store = await open_store(url)
         await store.close()
 
-    run(check())
+    with database_errors(url):
+        run(check())
     out().print(f"Listening on http://{host}:{port} (Ctrl-C to stop).", style="dim")
     with contextlib.suppress(KeyboardInterrupt):
         run_server(
@@ -361,4 +390,6 @@ def demo(ctx: typer.Context) -> None:
     a crash, a resume on a new agent, a fenced zombie write; then the commands to inspect it."""
     from calltape.demo import run_demo
 
-    run(run_demo(state(ctx).db, out()))
+    url = database_url(ctx)
+    with database_errors(url):
+        run(run_demo(state(ctx).db, out()))

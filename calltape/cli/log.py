@@ -1,11 +1,11 @@
 """Commands that move events in and out of the log: ``db``, ``import``, ``export``, ``replay``.
 
-Import is all-or-nothing with respect to *validity*: every line of every file is validated
-(:func:`calltape.events.parse_event`) before the first append, and one invalid line means nothing is
-written. The appends then go in batches, each its own transaction, so a file of any size streams
-through bounded memory; because appends are idempotent by event id, an import cut short (a crash, a
-lost connection, an event the store refuses such as a stale epoch) is repaired by fixing the cause
-and running the same command again: what was already stored is skipped.
+Import is all or nothing: the whole input goes in through one transaction
+(:func:`calltape.eventstore.bulk.bulk_import`), so an invalid line anywhere, or an event the store
+refuses (a stale epoch, a second ``session.started``), leaves the store exactly as it was, on both
+backends and at any size. Each line is parsed once, in batches, so a file of any size streams
+through bounded memory. A file whose every event the store already has is recognised by a quick
+pass over the ids (no validation, no write) and skipped.
 
 An event without an ``id`` gets a *deterministic* one (UUIDv5 of its session, its canonical JSON
 and how often that exact line occurred before in this import), so re-importing such a file is a
@@ -14,24 +14,39 @@ no-op too, where a random id would duplicate every event.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import io
 import sys
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
 import orjson
 import typer
 
-from calltape.cli.common import CliError, note, opened_store, out, require_session, run, state
+from calltape.cli.common import (
+    CliError,
+    database_url,
+    note,
+    opened_store,
+    out,
+    require_session,
+    run,
+    within,
+    write_json,
+)
 from calltape.errors import CalltapeError
 
 if TYPE_CHECKING:
     from calltape.events import Event
     from calltape.eventstore import EventStore
 
-BATCH = 1000
+BATCH = 5000
+QUICK_CHUNK = 5000
 MAX_REPORTED = 20
 _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 
@@ -40,17 +55,25 @@ _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 # db
 
 
-def db_upgrade(ctx: typer.Context) -> None:
+def db_upgrade(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the revisions before and after).")] = False,
+) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
-    from calltape.eventstore import resolve_url, upgrade
+    from calltape.cli.dberrors import database_errors
+    from calltape.eventstore import upgrade
     from calltape.eventstore.errors import where
 
-    before, after = run(upgrade(state(ctx).db))
-    place = where(resolve_url(state(ctx).db))
-    if before == after:
-        out().print(f"The {place} is already at schema revision {after}.", markup=False)
+    url = database_url(ctx)
+    with database_errors(url):
+        before, after = run(upgrade(url))
+    place = where(url)
+    if json_out:
+        write_json({"database": place, "before": before, "after": after, "upgraded": before != after})
+    elif before == after:
+        out().print(f"The {place} is already at schema revision {after}.")
     else:
-        out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.", markup=False)
+        out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.")
 
 
 def db_info(
@@ -58,11 +81,10 @@ def db_info(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show which database calltape uses and whether its schema is current."""
-    from calltape.eventstore import resolve_url
     from calltape.eventstore.errors import where
     from calltape.migrations import head_revision
 
-    url = resolve_url(state(ctx).db)
+    url = database_url(ctx)
 
     async def check() -> int:
         async with opened_store(ctx) as store:
@@ -78,11 +100,9 @@ def db_info(
         "sessions": count,
     }
     if json_out:
-        from calltape.cli.common import write_json
-
         write_json(info)
         return
-    out().print(f"{info['database']} · schema {info['schema']} (current) · {count} sessions", markup=False)
+    out().print(f"{info['database']} · schema {info['schema']} (current) · {count} sessions")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,17 +111,47 @@ def db_info(
 
 @dataclass(slots=True)
 class _Source:
+    """One input: a file (plain or gzip, recognised by its first bytes) or standard input."""
+
     name: str
     path: Path | None
-    data: bytes | None = None
+    size: int | None = None
+    consumed: int = 0
+    """Bytes of the underlying file read so far (compressed bytes for gzip), for progress."""
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[IO[bytes]]:
+        raw: IO[bytes] = sys.stdin.buffer if self.path is None else self.path.open("rb")
+        try:
+            buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
+            if buffered.peek(2)[:2] == b"\x1f\x8b":
+                yield io.BufferedReader(cast(Any, gzip.GzipFile(fileobj=buffered, mode="rb")), buffer_size=1 << 20)
+            else:
+                yield buffered
+        finally:
+            if self.path is not None:
+                raw.close()
+            self.consumed = self.size or 0
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
-        if self.data is not None:
-            yield from enumerate(self.data.splitlines(), start=1)
-            return
-        assert self.path is not None
-        with self.path.open("rb") as handle:
-            yield from enumerate(handle, start=1)
+        """Numbered lines; a file that is not readable (or not valid gzip) is one sentence."""
+        try:
+            with self.open() as handle:
+                for lineno, line in enumerate(handle, start=1):
+                    if self.path is not None and lineno % 4096 == 0:
+                        with contextlib.suppress(OSError, ValueError, AttributeError):
+                            self.consumed = self._position(handle)
+                    yield lineno, line
+        except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise CliError(f"cannot read '{self.name}': {reason}") from None
+
+    @staticmethod
+    def _position(handle: IO[bytes]) -> int:
+        inner = getattr(handle, "raw", None)
+        if isinstance(inner, gzip.GzipFile):
+            return int(inner.fileobj.tell())  # type: ignore[union-attr]
+        return int(handle.tell())
 
 
 def _sources(files: list[str]) -> list[_Source]:
@@ -112,7 +162,7 @@ def _sources(files: list[str]) -> list[_Source]:
             if stdin_used:
                 raise CliError("'-' (stdin) can be given only once")
             stdin_used = True
-            sources.append(_Source("<stdin>", None, sys.stdin.buffer.read()))
+            sources.append(_Source("<stdin>", None))
             continue
         path = Path(name)
         try:
@@ -122,7 +172,7 @@ def _sources(files: list[str]) -> list[_Source]:
             raise CliError(f"cannot read '{name}': {exc.strerror or exc}") from None
         if path.is_dir():
             raise CliError(f"cannot read '{name}': it is a directory")
-        sources.append(_Source(name, path))
+        sources.append(_Source(name, path, path.stat().st_size))
     return sources
 
 
@@ -139,155 +189,271 @@ class _Parser:
             obj: Any = orjson.loads(line)
         except orjson.JSONDecodeError:
             return parse_event(line)  # raises InvalidEvent with the JSON error
-        event = parse_event(obj)
-        event = replace(event, seq=None)  # the store assigns seqs
-        if isinstance(obj, dict) and obj.get("id") is None:
+        if isinstance(obj, dict) and obj.get("id") is None and isinstance(obj.get("session"), str):
             body = {k: v for k, v in obj.items() if k != "seq"}
             canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
             n = self.occurrences.get(canonical, 0)
             self.occurrences[canonical] = n + 1
-            event = replace(event, id=str(uuid.uuid5(_ID_NAMESPACE, f"{event.session}\x00{n}\x00{canonical!r}")))
-        return event
+            obj["id"] = str(uuid.uuid5(_ID_NAMESPACE, f"{obj['session']}\x00{n}\x00{canonical!r}"))
+        return parse_event(obj)
 
 
-def _events(sources: list[_Source]) -> Iterator[tuple[_Source, int, Event]]:
+@dataclass(slots=True)
+class _Batch:
+    events: list[Event]
+    lines: list[tuple[_Source, int]]
+
+
+class _Problems:
+    """The invalid lines: the first few reported as FILE:LINE: reason, all of them counted."""
+
+    def __init__(self) -> None:
+        self.reported: list[str] = []
+        self.count = 0
+
+    def add(self, source: _Source, lineno: int, reason: str) -> None:
+        self.count += 1
+        if len(self.reported) < MAX_REPORTED:
+            self.reported.append(f"{source.name}:{lineno}: {reason}")
+
+    def fail(self) -> CliError:
+        for problem in self.reported:
+            sys.stderr.write(problem + "\n")
+        if self.count > len(self.reported):
+            sys.stderr.write(f"… and {self.count - len(self.reported)} more invalid lines\n")
+        sys.stderr.flush()
+        n = self.count
+        return CliError(
+            f"nothing was imported: {n} invalid line{'s' if n != 1 else ''} "
+            f"(fix {'them' if n != 1 else 'it'} and run the import again)"
+        )
+
+
+def _batches(sources: list[_Source], size: int, problems: _Problems) -> Iterator[_Batch]:
+    """Parsed events in batches; invalid lines go to ``problems`` (after the first, no more batches
+    are yielded with events, but every line is still checked so that all of them are reported)."""
     parser = _Parser()
+    batch = _Batch([], [])
     for source in sources:
         for lineno, raw in source.lines():
             line = raw.strip()
             if not line:
                 continue
-            yield source, lineno, parser.parse(line)
+            try:
+                event = parser.parse(line)
+            except CalltapeError as exc:
+                problems.add(source, lineno, str(exc))
+                continue
+            if problems.count:
+                continue
+            batch.events.append(event)
+            batch.lines.append((source, lineno))
+            if len(batch.events) >= size:
+                yield batch
+                batch = _Batch([], [])
+    if batch.events and not problems.count:
+        yield batch
 
 
-def _validate(sources: list[_Source]) -> tuple[int, set[str]]:
-    """Validates every line; raises CliError listing ``FILE:LINE: reason`` for the invalid ones."""
-    count = 0
+async def _all_stored(store: EventStore, sources: list[_Source], chunk: int) -> tuple[int, int] | None:
+    """The quick path for a file imported before: if every line is an event whose (session, id) the
+    store has, how many events and sessions there are; None as soon as one is not (then the real
+    import runs)."""
+    from calltape.events import MAX_ID_CHARS
+    from calltape.eventstore.bulk import stored_keys
+
+    total = 0
     sessions: set[str] = set()
-    problems: list[str] = []
-    invalid = 0
-    parser = _Parser()
+    keys: list[tuple[str, str]] = []
+
+    async def check() -> bool:
+        unique = set(keys)
+        found = await stored_keys(store, list(unique))
+        keys.clear()
+        return len(found) == len(unique)
+
     for source in sources:
-        try:
-            for lineno, raw in source.lines():
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    event = parser.parse(line)
-                except CalltapeError as exc:
-                    invalid += 1
-                    if len(problems) < MAX_REPORTED:
-                        problems.append(f"{source.name}:{lineno}: {exc}")
-                    continue
-                count += 1
-                sessions.add(event.session)
-        except OSError as exc:
-            raise CliError(f"cannot read '{source.name}': {exc.strerror or exc}") from None
-    if invalid:
-        for problem in problems:
-            sys.stderr.write(problem + "\n")
-        if invalid > len(problems):
-            sys.stderr.write(f"… and {invalid - len(problems)} more invalid lines\n")
-        sys.stderr.flush()
-        raise CliError(
-            f"nothing was imported: {invalid} invalid line{'s' if invalid != 1 else ''} "
-            f"(fix {'them' if invalid != 1 else 'it'} and run the import again)"
-        )
-    return count, sessions
-
-
-async def _last_seqs(store: EventStore, sessions: set[str]) -> dict[str, int]:
-    seqs: dict[str, int] = {}
-    for session in sessions:
-        info = await store.session_info(session)
-        seqs[session] = info.last_seq if info is not None else 0
-    return seqs
+        if source.path is None:
+            return None  # standard input can be read only once
+        for _, raw in source.lines():
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return None
+            if not isinstance(obj, dict):
+                return None
+            session, id_ = obj.get("session"), obj.get("id")
+            if not isinstance(session, str) or not isinstance(id_, str) or not isinstance(obj.get("type"), str):
+                return None
+            if "\x00" in session or "\x00" in id_ or len(session) > MAX_ID_CHARS or len(id_) > MAX_ID_CHARS:
+                return None  # not an id the store could hold: the real import reports the line
+            keys.append((session, id_))
+            sessions.add(session)
+            total += 1
+            if len(keys) >= chunk and not await check():
+                return None
+    if keys and not await check():
+        return None
+    return total, len(sessions)
 
 
 def import_events(
     ctx: typer.Context,
     files: Annotated[
         list[str],
-        typer.Argument(metavar="FILE...", help="JSON Lines files of events; '-' reads standard input."),
+        typer.Argument(metavar="FILE...", help="JSON Lines files of events (plain or gzip); '-' reads standard input."),
     ],
-    batch: Annotated[int, typer.Option(min=1, help="Events per append transaction.")] = BATCH,
+    batch: Annotated[int, typer.Option(min=1, help="Events per write inside the one import transaction.")] = BATCH,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON counts (imported, skipped, sessions).")] = False,
 ) -> None:
-    """Append events from JSONL files to the log.
+    """Append events from JSONL files (plain or gzip) to the log, all or nothing.
 
-    Every line of every file is validated first; if any line is invalid, nothing is written and
-    each bad line is reported as FILE:LINE: reason. Import is idempotent: an event whose id the
-    session already has is skipped (seq in the file is ignored; the store assigns its own), so an
-    import that stopped half-way is completed by running it again.
+    The whole import is one transaction: if any line is invalid, or the store refuses any event
+    (a stale epoch, a second session.started), nothing is written and each bad line is reported
+    as FILE:LINE: reason. Import is idempotent: an event whose id the session already has is
+    skipped (seq in the file is ignored; the store assigns its own), and a file imported before is
+    recognised quickly and skipped.
     """
+    from calltape.cli.progress import meter
+    from calltape.eventstore.bulk import ImportRefused, bulk_import
+
     sources = _sources(files)
-    total, sessions = _validate(sources)
+    problems = _Problems()
+    known_size = all(s.size is not None for s in sources)
+    total_bytes = sum(s.size or 0 for s in sources) if known_size else None
+
+    async def append_all() -> tuple[int, int, int]:
+        async with opened_store(ctx, create=True) as store:
+            with meter("checking", total_bytes) as bar:
+                stored = await _all_stored(store, sources, QUICK_CHUNK)
+            if stored is not None:
+                return 0, stored[0], stored[1]
+            lines = 0
+            with meter("importing", total_bytes) as bar:
+                async with bulk_import(store) as imp:
+                    for part in _batches(sources, batch, problems):
+                        try:
+                            await imp.add(part.events)
+                        except ImportRefused as exc:
+                            source, lineno = part.lines[exc.index]
+                            raise CliError(
+                                f"{source.name}:{lineno}: the store refused this event: {exc}; nothing was imported"
+                            ) from None
+                        lines += len(part.events)
+                        if bar.shown:
+                            bar.update(
+                                completed=sum(s.consumed for s in sources) if known_size else None,
+                                note=f"{lines:,} events",
+                            )
+                    if problems.count:
+                        raise problems.fail()  # leaves the transaction: everything is rolled back
+                    counts = imp.counts
+            return counts.new, counts.stored, len(counts.sessions)
+
+    new, skipped, touched = run(append_all())
+    total = new + skipped
     if total == 0:
-        note("No events to import.")
+        if json_out:
+            write_json({"imported": 0, "skipped": 0, "sessions": 0, "lines": 0})
+        else:
+            note("No events to import.")
         return
-
-    async def append_all() -> tuple[int, int]:
-        async with opened_store(ctx) as store:
-            before = await _last_seqs(store, sessions)
-            pending: list[Event] = []
-            first_line = ""
-            for source, lineno, event in _events(sources):
-                if not pending:
-                    first_line = f"{source.name}:{lineno}"
-                pending.append(event)
-                if len(pending) >= batch:
-                    await _append_batch(store, pending, first_line, f"{source.name}:{lineno}")
-                    pending = []
-            if pending:
-                await _append_batch(store, pending, first_line, "the end")
-            after = await _last_seqs(store, sessions)
-        return sum(after[s] - before[s] for s in sessions), len(sessions)
-
-    new, touched = run(append_all())
-    skipped = total - new
+    if json_out:
+        write_json({"imported": new, "skipped": skipped, "sessions": touched, "lines": total})
+        return
     message = f"Imported {new} new event{'s' if new != 1 else ''} into {touched} session{'s' if touched != 1 else ''}"
     if skipped:
         message += f" ({skipped} already stored)"
-    out().print(message + ".", markup=False)
-
-
-async def _append_batch(store: EventStore, events: list[Event], first: str, last: str) -> None:
-    from calltape.errors import FencedWrite, InvalidEvent
-
-    try:
-        await store.append(events)
-    except (InvalidEvent, FencedWrite) as exc:
-        raise CliError(
-            f"the store refused the events from {first} to {last}: {exc}; the lines before were imported, "
-            "so fix the file and run the import again (stored events are skipped)"
-        ) from None
+    out().print(message + ".")
 
 
 # ---------------------------------------------------------------------------------------------
 # export
 
 
+def _session_file(name: str) -> list[str]:
+    """Session ids, one per line ('-': standard input); blank lines and # comments are skipped."""
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read '{name}': {exc.strerror or exc}") from None
+    ids = []
+    for raw in data.decode("utf-8", errors="replace").splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            ids.append(line)
+    return ids
+
+
 def export_events(
     ctx: typer.Context,
-    session: Annotated[str, typer.Argument(metavar="SESSION", help="The session (call) id.")],
-    to: Annotated[int | None, typer.Option("--to", metavar="N", min=1, help="Stop at seq N (export a prefix).")] = None,
+    sessions: Annotated[
+        list[str] | None, typer.Argument(metavar="SESSION...", help="The sessions (call ids) to export.")
+    ] = None,
+    all_sessions: Annotated[bool, typer.Option("--all", help="Export every session.")] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHEN",
+            help="With --all: only sessions active since WHEN (RFC 3339, date, 30m/2h/7d ago).",
+        ),
+    ] = None,
+    session_file: Annotated[
+        str | None,
+        typer.Option(
+            "--session-file", metavar="FILE", help="Also export the ids listed in FILE, one per line."
+        ),
+    ] = None,
+    to: Annotated[
+        int | None, typer.Option("--to", metavar="N", min=1, help="Stop at seq N (a prefix; one session only).")
+    ] = None,
 ) -> None:
-    """Write a session's events as JSON Lines on standard output.
+    """Write sessions' events as JSON Lines on standard output, one session after another.
 
-    The output round-trips: importing it into an empty store reproduces the session.
+    The output round-trips: importing it into an empty store reproduces the sessions.
     """
+    from calltape.cli.common import parse_when
+    from calltape.cli.progress import meter
+
+    chosen = list(sessions or [])
+    if session_file is not None:
+        chosen += _session_file(session_file)
+    if all_sessions and chosen:
+        raise CliError("give sessions or --all, not both")
+    if since is not None and not all_sessions:
+        raise CliError("--since goes with --all")
+    if not all_sessions and not chosen:
+        raise CliError("name the sessions to export, or use --all (see 'calltape export --help')")
+    if to is not None and (all_sessions or len(chosen) != 1):
+        raise CliError("--to needs exactly one session")
+    since_ms = parse_when(since, "--since") if since is not None else None
+    chosen = list(dict.fromkeys(chosen))
 
     async def dump() -> None:
         async with opened_store(ctx) as store:
-            await require_session(store, session)
-            after = 0
+            if all_sessions:
+                infos = await store.sessions(since_ms=since_ms, order="first_at", descending=False)
+                names = [i.session for i in infos]
+            else:
+                names = chosen
+                for name in names:  # every id checked before the first line is written
+                    info = await require_session(store, name)
+                    if to is not None:
+                        within(info, to, "--to")
             stream = sys.stdout.buffer
-            while True:
-                events = await store.read(session, after_seq=after, to_seq=to, limit=2000)
-                if not events:
-                    break
-                stream.write(b"".join(e.to_json() + b"\n" for e in events))
-                after = events[-1].seq or after + len(events)
+            with meter("exporting", len(names), count=True) as bar:
+                for name in names:
+                    after = 0
+                    while True:
+                        events = await store.read(name, after_seq=after, to_seq=to, limit=5000)
+                        if not events:
+                            break
+                        stream.write(b"".join(e.to_json() + b"\n" for e in events))
+                        after = events[-1].seq or after + len(events)
+                    bar.update(advance=1)
             stream.flush()
 
     run(dump())
@@ -304,6 +470,7 @@ def replay(
     to: Annotated[
         int | None, typer.Option("--to", metavar="N", min=1, help="Copy only the prefix up to seq N.")
     ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the number of events copied).")] = False,
 ) -> None:
     """Copy a session's log (or its prefix up to N) into a new session id.
 
@@ -319,7 +486,9 @@ def replay(
         from calltape.events import new_event_id
 
         async with opened_store(ctx) as store:
-            await require_session(store, session)
+            info = await require_session(store, session)
+            if to is not None:
+                within(info, to, "--to")
             existing = await store.session_info(into)
             if existing is not None and existing.last_seq > 0:
                 raise CliError(
@@ -334,4 +503,7 @@ def replay(
             return len(copies)
 
     count = run(copy())
-    out().print(f"Replayed {count} events of '{session}' into '{into}'.", markup=False)
+    if json_out:
+        write_json({"session": session, "into": into, "events": count})
+    else:
+        out().print(f"Replayed {count} events of '{session}' into '{into}'.")

@@ -31,6 +31,7 @@ from calltape.cli.common import (
     require_session,
     run,
     shorten,
+    within,
     write_json,
 )
 
@@ -404,6 +405,8 @@ def show(
     async def load() -> tuple[SessionInfo, list[Event]]:
         async with opened_store(ctx) as store:
             info = await require_session(store, session)
+            if to is not None:
+                within(info, to, "--to")
             return info, await store.read(session, to_seq=to)
 
     info, events = run(load())

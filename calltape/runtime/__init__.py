@@ -2,7 +2,7 @@
 
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
-from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
+from calltape.runtime.resume import AlreadyResumed, ResumePlan, ToolDecision, handoff, resume
 from calltape.runtime.session import CallSession
 from calltape.runtime.stats import merge_stats, session_stats
 from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
@@ -10,6 +10,7 @@ from calltape.runtime.waits import Interrupted
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "AlreadyResumed",
     "CallSession",
     "EventSink",
     "FoldedSink",

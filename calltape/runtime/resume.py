@@ -8,11 +8,14 @@ appended — by construction, not by a second implementation of the rules. The a
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from calltape.errors import CalltapeError, ConcurrencyConflict
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.projections import ContextFold, ToolCallState, build_context, render
@@ -113,6 +116,21 @@ async def _decide(call: ToolCallState, spec: ToolSpec | None, settler: _Settler)
     return "unknown"
 
 
+class AlreadyResumed(CalltapeError):
+    """The call already has a live resumed agent; resuming again would take it over."""
+
+    def __init__(self, session: str, agent: str | None, epoch: int) -> None:
+        super().__init__(
+            f"session '{session}' was already resumed by agent '{agent}' (epoch {epoch}) and that agent is live; "
+            "pass --take-over (take_over=True) to move the call anyway"
+        )
+        self.session, self.agent, self.epoch = session, agent, epoch
+
+
+RESUME_RETRY_SECONDS = 30.0
+"""How long :func:`resume` keeps re-planning while the old writer is still appending."""
+
+
 async def resume(
     store: EventStore,
     session: str,
@@ -123,12 +141,63 @@ async def resume(
     instructions: str | None = None,
     format: str = "native",
     bus: RecoveryBus | None = None,
+    take_over: bool = True,
+    retry_for: float = RESUME_RETRY_SECONDS,
 ) -> ResumePlan:
     """Settles what the drop left open and hands the session to ``agent`` at a new epoch.
 
     Works on a live session too (an operator moving a call): the old writer is fenced either way.
-    Raises ``SessionNotFound``, and ``ConcurrencyConflict`` when another agent resumed first.
+    While that writer still appends, the plan (made at one seq) loses the ``expected_seq`` race; it is
+    then made again on the longer log, for up to ``retry_for`` seconds, until the resume lands and the
+    old writer is fenced. Another *resume* winning in between is not retried: ``ConcurrencyConflict``.
+    ``take_over=False`` refuses (:class:`AlreadyResumed`) a call whose resumed agent is live (resumed
+    and not dropped since), checked on the same read the plan is made from.
+    Raises ``SessionNotFound``.
     """
+    deadline = time.monotonic() + retry_for
+    first_epoch: int | None = None
+    conflict: ConcurrencyConflict | None = None
+    attempt = 0
+    while True:
+        try:
+            return await _resume_once(
+                store, session, agent, dry_run, tools, instructions, format, bus, take_over, first_epoch
+            )
+        except _LostToResume:
+            assert conflict is not None
+            raise conflict from None
+        except _Replan as replan:
+            conflict = replan.conflict
+            first_epoch = replan.epoch if first_epoch is None else first_epoch
+            if time.monotonic() >= deadline:
+                raise conflict from None
+        attempt += 1
+        await asyncio.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))
+
+
+class _LostToResume(Exception):
+    """Re-planning found a higher epoch: another resume won the race."""
+
+
+class _Replan(Exception):
+    """The log moved under the plan (the old writer appended): plan again."""
+
+    def __init__(self, conflict: ConcurrencyConflict, epoch: int) -> None:
+        self.conflict, self.epoch = conflict, epoch
+
+
+async def _resume_once(
+    store: EventStore,
+    session: str,
+    agent: str,
+    dry_run: bool,
+    tools: Mapping[str, ToolSpec] | None,
+    instructions: str | None,
+    format: str,
+    bus: RecoveryBus | None,
+    take_over: bool,
+    first_epoch: int | None,
+) -> ResumePlan:
     started = time.perf_counter()
     tools = tools or {}
     fold = await build_context(store, session)
@@ -136,7 +205,12 @@ async def resume(
     base_seq = fold.seq
     # The fold tracks the epoch exactly as the store does (session.started opens 1, each
     # session.resumed raises it); a stale read loses to expected_seq below anyway.
-    settler = _Settler(fold, agent, max(fold.epoch, 1) + 1)
+    epoch = max(fold.epoch, 1)
+    if not take_over and epoch > 1 and not fold.dropped:
+        raise AlreadyResumed(session, fold.agent, epoch)
+    if first_epoch is not None and epoch != first_epoch:
+        raise _LostToResume  # another resume landed while we re-planned: that race had one winner
+    settler = _Settler(fold, agent, epoch + 1)
 
     for reply in fold.open_replies():  # a list, taken before the first settling event
         if reply.speech_started:  # playout cut by the drop: keep what was heard so far
@@ -173,7 +247,10 @@ async def resume(
     events = settler.events
     if not dry_run:
         # expected_seq: of two agents racing to resume, the second gets ConcurrencyConflict.
-        events = await store.append(settler.events, expected_seq=base_seq)
+        try:
+            events = await store.append(settler.events, expected_seq=base_seq)
+        except ConcurrencyConflict as conflict:
+            raise _Replan(conflict, epoch) from None
         figures["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         (bus or recoveries).report(Recovery("resume", session, figures))
     assert resumed.seq is not None

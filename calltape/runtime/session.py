@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.eventstore.recorder import Recorder, SessionTape
+from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, watch_fenced_writes
@@ -138,7 +139,8 @@ class CallSession:
         """Records one event and returns once it has committed (after everything emitted before it)."""
         event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
         self._fold(event)
-        return await self.recorder.append(event)
+        # settle: a virtual-clock test loop (LiveKit's) must not jump ahead while the commit is made
+        return await settle(self.recorder.append(event))
 
     def _fold(self, event: Event) -> None:
         self.fold.apply(event)

@@ -11,16 +11,40 @@ from __future__ import annotations
 
 import asyncio
 import json
+import selectors
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from livekit.agents import llm
+import pytest
+from livekit import rtc
+from livekit.agents import AgentSession, llm, stt, tts, vad
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+from livekit.agents.voice import io
+from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.runtime import CallSession, ToolSpec
+
+
+def _release() -> tuple[int, int]:
+    from livekit.agents import __version__
+
+    major, minor = __version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+LIVEKIT = _release()
+"""The installed livekit-agents release as (major, minor)."""
+
+before_1_8 = pytest.mark.skipif(
+    LIVEKIT < (1, 8),
+    reason="before 1.8 LiveKit drops the calls of an interrupted turn and never releases a tool at its cap",
+)
+"""Scenarios about what LiveKit does with a tool call its interrupted turn stopped waiting for."""
 
 
 @dataclass
@@ -132,3 +156,343 @@ def items(chat_ctx: llm.ChatContext) -> list[tuple[str, str]]:
         elif isinstance(item, llm.FunctionCallOutput):
             out.append(("function_call_output", f"{item.call_id}={item.output}"))
     return out
+
+
+# -------------------------------------------------------------------------------------------------
+# A voice call without a room: a scripted caller (VAD edges and STT results on a timeline), a TTS
+# that renders silence as long as the words take to say, and a speaker that plays it in real time.
+# Everything between them (turn detection, interruptions, transcript sync, the speech queue) is
+# LiveKit's own.
+
+
+@dataclass
+class Utterance:
+    """What the caller says, in seconds from the start of the call's audio."""
+
+    start: float
+    end: float
+    text: str
+    stt_delay: float = 0.15
+    """How long after the end of speech STT gives its final (an interim comes halfway)."""
+
+
+class CallerVAD(vad.VAD):
+    """Speech edges at the script's times (plus LiveKit's usual min speech / silence durations)."""
+
+    def __init__(self, script: list[Utterance], *, min_speech: float = 0.05, min_silence: float = 0.2) -> None:
+        super().__init__(capabilities=vad.VADCapabilities(update_interval=0.05))
+        self.script, self.min_speech, self.min_silence = script, min_speech, min_silence
+
+    def stream(self) -> vad.VADStream:
+        return _CallerVADStream(self)
+
+
+class _CallerVADStream(vad.VADStream):
+    async def _main_task(self) -> None:
+        owner = cast(CallerVAD, self._vad)
+        t0 = await _first_frame(self._input_ch)
+        if t0 is None:
+            return
+        for u in owner.script:
+            await _sleep_until(t0, u.start + owner.min_speech)
+            self._send(vad.VADEventType.START_OF_SPEECH, u, t0)
+            while time.perf_counter() - t0 < u.end + owner.min_silence - 0.1:
+                await asyncio.sleep(0.05)
+                self._send(vad.VADEventType.INFERENCE_DONE, u, t0)
+            await _sleep_until(t0, u.end + owner.min_silence)
+            self._send(vad.VADEventType.END_OF_SPEECH, u, t0)
+        async for _ in self._input_ch:
+            pass
+
+    def _send(self, kind: vad.VADEventType, u: Utterance, t0: float) -> None:
+        now = time.perf_counter() - t0
+        speaking = now <= u.end
+        self._event_ch.send_nowait(
+            vad.VADEvent(
+                type=kind,
+                samples_index=0,
+                timestamp=now,
+                speech_duration=min(now, u.end) - u.start,
+                silence_duration=max(0.0, now - u.end),
+                raw_accumulated_speech=now - u.start if speaking else 0.0,
+                raw_accumulated_silence=0.0 if speaking else now - u.end,
+            )
+        )
+
+
+class CallerSTT(stt.STT):
+    """A streaming STT giving, per utterance, an interim of its first words and then its final."""
+
+    def __init__(self, script: list[Utterance]) -> None:
+        super().__init__(capabilities=stt.STTCapabilities(streaming=True, interim_results=True))
+        self.script = script
+
+    async def _recognize_impl(self, buffer: Any, *, language: Any, conn_options: APIConnectOptions) -> Any:
+        raise NotImplementedError("streaming only")
+
+    def stream(
+        self, *, language: Any = NOT_GIVEN, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> Any:
+        return _CallerSTTStream(stt=self, conn_options=conn_options)
+
+
+class _CallerSTTStream(stt.RecognizeStream):
+    async def _run(self) -> None:
+        owner = cast(CallerSTT, self._stt)
+        t0 = await _first_frame(self._input_ch)
+        if t0 is None:
+            return
+        for u in owner.script:
+            await _sleep_until(t0, u.end + u.stt_delay / 2)
+            self._say(" ".join(u.text.split()[:2]), final=False)
+            await _sleep_until(t0, u.end + u.stt_delay)
+            self._say(u.text, final=True)
+        async for _ in self._input_ch:
+            pass
+
+    def _say(self, text: str, *, final: bool) -> None:
+        kind = stt.SpeechEventType.FINAL_TRANSCRIPT if final else stt.SpeechEventType.INTERIM_TRANSCRIPT
+        self._event_ch.send_nowait(stt.SpeechEvent(type=kind, alternatives=[stt.SpeechData(text=text, language="en")]))
+
+
+async def _first_frame(ch: Any) -> float | None:
+    async for frame in ch:
+        if isinstance(frame, rtc.AudioFrame):
+            return time.perf_counter()
+    return None
+
+
+async def _sleep_until(t0: float, at: float) -> None:
+    delay = t0 + at - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class SilenceTTS(tts.TTS):
+    """Renders ``seconds_per_word`` of silence per word (a non-streaming TTS: LiveKit splits sentences)."""
+
+    def __init__(self, seconds_per_word: float = 0.12) -> None:
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=False), sample_rate=16000, num_channels=1)
+        self.seconds_per_word = seconds_per_word
+
+    def synthesize(
+        self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> tts.ChunkedStream:
+        return _Silence(tts=self, input_text=text, conn_options=conn_options)
+
+
+class _Silence(tts.ChunkedStream):
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        owner = cast(SilenceTTS, self._tts)
+        output_emitter.initialize(request_id="silence", sample_rate=16000, num_channels=1, mime_type="audio/pcm")
+        samples = int(16000 * owner.seconds_per_word * len(self.input_text.split()))
+        chunk = 160  # 10 ms
+        for i in range(0, samples, chunk):
+            output_emitter.push(b"\x00\x00" * min(chunk, samples - i))
+            await asyncio.sleep(0)
+        output_emitter.flush()
+
+
+class Phone(io.AudioInput):
+    """The caller's microphone: a tenth of a second of silence starts the VAD and STT timelines."""
+
+    def __init__(self) -> None:
+        super().__init__(label="phone")
+        self._frames: asyncio.Queue[rtc.AudioFrame] = asyncio.Queue()
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        return await self._frames.get()
+
+    def ring(self) -> None:
+        n = 1600
+        self._frames.put_nowait(
+            rtc.AudioFrame(b"\x00\x00" * n, sample_rate=16000, num_channels=1, samples_per_channel=n)
+        )
+
+
+class Speaker(io.AudioOutput):
+    """Plays what it is given in real time; a barge-in (``clear_buffer``) reports where playout was."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            label="speaker", next_in_chain=None, sample_rate=16000, capabilities=io.AudioOutputCapabilities(pause=False)
+        )
+        self._queued = 0.0
+        self._began: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        self._queued += frame.duration
+        if self._began is None:
+            self._began = time.time()
+            self.on_playback_started(created_at=self._began)
+
+    def flush(self) -> None:
+        super().flush()
+        if not self._queued or self._began is None:
+            return
+        queued = self._queued
+        delay = max(0.0, queued - (time.time() - self._began))
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._finished, queued, False)
+
+    def clear_buffer(self) -> None:
+        if not self._queued or self._began is None:
+            return
+        self._finished(min(time.time() - self._began, self._queued), True)
+
+    def _finished(self, position: float, interrupted: bool) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._queued, self._began, self._timer = 0.0, None, None
+        self.on_playback_finished(playback_position=position, interrupted=interrupted, synchronized_transcript=None)
+
+
+class Screen(io.TextOutput):
+    """Where the synchronized transcript goes (kept, for the tests to look at)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="screen", next_in_chain=None)
+        self.text = ""
+
+    async def capture_text(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def voice_session(
+    script: list[Utterance], llm_: llm.LLM[Any], *, seconds_per_word: float = 0.12, **options: Any
+) -> tuple[AgentSession[Any], Phone]:
+    """A real ``AgentSession`` wired to the scripted caller; ``options`` go to ``AgentSession``.
+
+    Endpointing and interruption thresholds are shortened so a scenario takes seconds."""
+    turn: dict[str, Any] = {
+        "turn_detection": "vad",
+        "endpointing": {"min_delay": 0.2, "max_delay": 2.0},
+        "interruption": {"min_duration": 0.2, "false_interruption_timeout": None},
+    }
+    for key, value in options.pop("turn_handling", {}).items():
+        turn[key] = {**turn.get(key, {}), **value} if isinstance(value, dict) else value
+    session: AgentSession[Any] = AgentSession(
+        vad=CallerVAD(script),
+        stt=CallerSTT(script),
+        llm=llm_,
+        tts=SilenceTTS(seconds_per_word),
+        turn_handling=cast(Any, turn),
+        aec_warmup_duration=None,
+        **options,
+    )
+    phone, speaker = Phone(), Speaker()
+    sync = TranscriptSynchronizer(next_in_chain_audio=speaker, next_in_chain_text=Screen(), speed=1.0)
+    session.input.audio = phone
+    session.output.audio = sync.audio_output
+    session.output.transcription = sync.text_output
+    return session, phone
+
+
+def _merged(turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive user messages as one (calltape's rule: user content accumulates until a reply)."""
+    out: list[tuple[str, str]] = []
+    for role, text in turns:
+        if out and role == "user" and out[-1][0] == "user":
+            out[-1] = ("user", f"{out[-1][1]} {text}")
+        else:
+            out.append((role, text))
+    return out
+
+
+def livekit_turns(chat_ctx: llm.ChatContext) -> list[tuple[str, str]]:
+    """LiveKit's user and assistant messages, in order, text stripped (empty ones left out)."""
+    turns = [
+        (item.role, (item.text_content or "").strip())
+        for item in chat_ctx.items
+        if isinstance(item, llm.ChatMessage) and item.role in ("user", "assistant")
+    ]
+    return _merged([(r, t) for r, t in turns if t])
+
+
+def calltape_turns(native: dict[str, Any]) -> list[tuple[str, str]]:
+    """calltape's user and assistant messages, in order, text stripped (empty ones left out)."""
+    turns = [
+        (item["role"], str(item["content"]).strip())
+        for item in native["items"]
+        if item["type"] == "message" and item["role"] in ("user", "assistant")
+    ]
+    return _merged([(r, t) for r, t in turns if t])
+
+
+def livekit_calls(chat_ctx: llm.ChatContext, later_ids: dict[str, str] | None = None) -> dict[str, tuple[str, Any]]:
+    """LiveKit's function calls as ``call_id -> (name, output)``.
+
+    ``later_ids`` maps the id of a call LiveKit adds for a result that came after a progress update
+    (the ``id`` its ``ToolCallEnded`` names) to the original call: that output is the call's result."""
+    later_ids = later_ids or {}
+    names: dict[str, str] = {}
+    outputs: dict[str, Any] = {}
+    for item in chat_ctx.items:
+        if isinstance(item, llm.FunctionCall) and item.call_id not in later_ids:
+            names[item.call_id] = item.name
+        elif isinstance(item, llm.FunctionCallOutput):
+            cid = later_ids.get(item.call_id, item.call_id)
+            if item.call_id in later_ids or cid not in outputs:
+                outputs[cid] = item.output
+    return {cid: (name, outputs.get(cid)) for cid, name in names.items()}
+
+
+def calltape_calls(native: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """calltape's function calls as ``call_id -> (name, output)``; checks each has exactly one output."""
+    names = {i["call_id"]: i["name"] for i in native["items"] if i["type"] == "function_call"}
+    outputs = [i for i in native["items"] if i["type"] == "function_call_output"]
+    assert sorted(o["call_id"] for o in outputs) == sorted(names), "every call has exactly one output"
+    return {o["call_id"]: (names[o["call_id"]], o["output"]) for o in outputs}
+
+
+# -------------------------------------------------------------------------------------------------
+# A virtual-time event loop like the one LiveKit's own tests run on
+
+
+class JumpingClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock stands still while it works and, when it has nothing ready, jumps
+    straight to its next timer (how LiveKit's virtual-time test loop runs a scripted call in no
+    wall time). Work done off the loop (a database thread, a socket) does not hold the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(selector=_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+class _JumpingSelector(selectors.BaseSelector):
+    def __init__(self, loop: JumpingClockLoop) -> None:
+        self._loop = loop
+        self._real = selectors.DefaultSelector()
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._real.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            return self._real.select(None)  # nothing scheduled: wait for a wakeup from a thread
+        self._loop.now += timeout  # idle: jump to the next timer
+        return []
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._real.get_map()
+
+    def close(self) -> None:
+        self._real.close()

@@ -19,7 +19,7 @@ from livekit.agents.voice.events import ToolCallEnded, ToolCallUpdated, ToolExec
 from calltape.adapters.livekit import attach
 from calltape.eventstore import EventStore
 from calltape.projections import build_context
-from tests.adapters.livekit_support import ScriptedLLM, Step, start_call
+from tests.adapters.livekit_support import ScriptedLLM, Step, before_1_8, start_call
 
 pytestmark = pytest.mark.livekit
 
@@ -99,6 +99,7 @@ async def test_progress_update_is_progress_and_the_final_output_is_the_result(
     await recorder.close()
 
 
+@before_1_8
 async def test_tool_released_at_the_interruption_cap_keeps_its_real_result(store: EventStore, session_id: str) -> None:
     running = asyncio.Event()
     cap = lk_speech_handle.INTERRUPTION_TIMEOUT
@@ -145,6 +146,7 @@ async def test_tool_released_at_the_interruption_cap_keeps_its_real_result(store
     await recorder.close()
 
 
+@before_1_8
 async def test_interrupted_handoff_is_recorded_as_livekits_error(store: EventStore, session_id: str) -> None:
     class Billing(Agent):
         def __init__(self) -> None:

@@ -54,12 +54,12 @@ class Cli:
         return [self.exe, *(["--db", chosen] if chosen else []), *args]
 
     def __call__(self, *args: str, input: bytes | None = None, db: str | bool | None = True) -> Result:
-        proc = subprocess.run(self.argv(args, db), input=input, capture_output=True, env=self.env, timeout=60)
+        proc = subprocess.run(self.argv(args, db), input=input, capture_output=True, env=self.env, timeout=180)
         return Result(args, proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
-    def many(self, *commands: Sequence[str]) -> list[Result]:
+    def many(self, *commands: Sequence[str], db: str | bool | None = True) -> list[Result]:
         with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-            return list(pool.map(lambda args: self(*args), commands))
+            return list(pool.map(lambda args: self(*args, db=db), commands))
 
     def popen(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)

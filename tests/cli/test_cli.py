@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -19,8 +20,22 @@ from tests.cli.conftest import Cli, assert_error, barge_in_call, jsonl
 N = 23  # events in barge_in_call
 
 
+def _complete(cli: Cli, words: str) -> list[str]:
+    """Bash completion through the protocol the installed script speaks (no shell detection, so the
+    answer does not depend on which process started the test)."""
+    env = {
+        **cli.env,
+        "_CALLTAPE_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - 1),
+    }
+    proc = subprocess.run([cli.exe], capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc
+    return proc.stdout.decode().split()
+
+
 def test_help_and_completion(plain_cli: Cli) -> None:
-    root, bare, diff, completion = plain_cli.many(["--help"], [], ["diff", "--help"], ["--show-completion", "bash"])
+    root, bare, diff = plain_cli.many(["--help"], [], ["diff", "--help"])
     for result in (root, bare, diff):
         assert result.code == 0, result
     for command in ("import", "export", "sessions", "show", "context", "diff", "replay", "tail", "resume", "demo"):
@@ -28,7 +43,12 @@ def test_help_and_completion(plain_cli: Cli) -> None:
     assert "CALLTAPE_DATABASE_URL" in root.out and "Exit status" in root.out
     assert "Usage: calltape" in bare.out
     assert "--vs-at" in diff.out and "Like diff(1)" in diff.out
-    assert completion.code == 0 and "calltape" in completion.out, completion
+    env = {**plain_cli.env, "_CALLTAPE_COMPLETE": "source_bash"}
+    script = subprocess.run([plain_cli.exe], capture_output=True, env=env, timeout=60)
+    assert script.returncode == 0 and b"_calltape_completion" in script.stdout, script
+    assert _complete(plain_cli, "calltape con") == ["context"]
+    assert _complete(plain_cli, "calltape context s --format o") == ["openai"]
+    assert _complete(plain_cli, "calltape sessions --status d") == ["dropped"]
 
 
 def test_log_and_inspect(cli: Cli, store_url: str, tmp_path: Path, session_id: str) -> None:
@@ -196,6 +216,7 @@ def test_store_errors(cli: Cli, tmp_path: Path, session_id: str) -> None:
         + jsonl([{"session": f"{s}-bad", "type": "agent.sing", "data": {}}])
         + jsonl([{"session": f"{s}-bad", "type": "tool.call", "data": {"call": "c", "name": "n"}}])
     )
+    assert cli("db", "upgrade").code == 0  # the store exists (the failed import creates nothing)
     imp, show = cli.many(["import", str(good), str(bad)], ["show", f"{s}-nope"])
     assert_error(imp, "nothing was imported: 3 invalid lines")
     assert f"{bad}:2: not valid JSON" in imp.err
@@ -250,8 +271,10 @@ def test_database_errors_and_upgrade(pg_admin_url: str, plain_cli: Cli, tmp_path
         again, by_env = env_cli.many(["db", "upgrade"], ["db", "info"])
         assert again.code == 0 and "already at schema revision" in again.out, again
         assert by_env.code == 0 and "PostgreSQL" in by_env.out and "0 sessions" in by_env.out, by_env
+        # the embedded default is named, and a read command does not create it
         by_default = Cli(tmp_path / "home3")("db", "info", "--json")
-        assert by_default.json()["database"] == f"SQLite file {tmp_path / 'home3' / 'calltape.db'}", by_default
+        assert_error(by_default, f"there is no calltape database yet at '{tmp_path / 'home3' / 'calltape.db'}'")
+        assert not (tmp_path / "home3").exists()
     finally:
         asyncio.run(_drop_database(pg_admin_url, fresh))
 
@@ -321,12 +344,17 @@ def test_resume_and_stats(cli: Cli, tmp_path: Path, session_id: str) -> None:
     zombie.write_bytes(
         jsonl([{"session": s, "type": "tool.result", "epoch": 1, "data": {"call": "c2", "output": {"ok": True}}}])
     )
-    fenced, stats, again = cli.many(
+    fenced, stats, again, refused = cli.many(
         ["import", str(zombie)],
         ["stats", s, "--json"],
-        ["resume", s, "--agent", "other", "--dry-run"],
+        ["resume", s, "--agent", "other", "--dry-run", "--take-over"],
+        ["resume", s, "--agent", "other"],
     )
-    assert_error(fenced, "is at epoch 2; a write with epoch 1 was rejected", "run the import again")
+    assert_error(refused, f"session '{s}' was already resumed by agent 'booker' (epoch 2)", "--take-over")
+    assert_error(
+        fenced, f"{zombie}:1: the store refused this event", "is at epoch 2; a write with epoch 1 was rejected"
+    )
+    assert "nothing was imported" in fenced.err
     figures = stats.json()
     assert figures["resumes"] == 1 and figures["drops"] == 1 and figures["events"] == real.json()["resumed_at_seq"] + 1
     assert figures["tools"]["outcomes"] == {"completed": 1, "unknown": 1}

@@ -19,6 +19,11 @@ Mapping notes (why the tap looks where it looks):
   answers the LLM twice in LiveKit's context: the update under the call id, the real result under a
   second call LiveKit adds later. calltape keeps one call with one output: the update is
   ``tool.progress``, the later real result is the ``tool.result``.
+* User turns are the ones LiveKit commits to its context (``conversation_item_added`` with a user
+  message), recorded with LiveKit's text; STT results before that are only the pending interim.
+  Speech LiveKit discards (over a reply that cannot be interrupted) never becomes a calltape user
+  turn, and a transcript LiveKit splits over two turns (a slow ``on_user_turn_completed`` while the
+  user keeps talking) is recorded once.
 * The assistant message carries ``interrupted`` and, when interrupted, the synchronized transcript:
   what the user heard. That is recorded as ``agent.speech.ended.heard``.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +109,10 @@ class LiveKitTap:
         """Calls that ended before LiveKit reported the output it keeps for them."""
         self._user_finals: list[str] = []
         """Final transcripts of the user turn LiveKit has not committed yet."""
+        self._interim = ""
+        """The pending user text last recorded (an interim ``user.transcript``)."""
+        self._heard_user = False
+        """STT gave something since the agent's last reply began: a committed turn is spoken."""
         self._user_speaking = False
         self._agent: str | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -173,6 +183,7 @@ class LiveKitTap:
         self._close_reply(sp)
         sp.step, sp.reply = step, f"{sp.handle.id}_{step}"
         self._last = sp
+        self._heard_user = False
         self._emit("agent.reply.started", {"reply": sp.reply, "speech_id": sp.handle.id, "step": step})
         return sp.reply
 
@@ -219,7 +230,8 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
-        cause = interrupt_cause(sp.handle) or "api"
+        # LiveKit >= 1.7 says how a speech was interrupted; before, a barge-in is the user speaking
+        cause = interrupt_cause(sp.handle) or ("user_speech" if self._user_speaking else "api")
         interrupt = getattr(self.call, "interrupt", None)
         if callable(interrupt) and not self.replies.holding:
             interrupt(reply=sp.reply, cause=cause)
@@ -231,6 +243,11 @@ class LiveKitTap:
             self._track(ev.speech_handle)
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.new_state == "listening" and ev.old_state == "speaking" and not self._user_speaking:
+            if self._user_finals:
+                # the user spoke while the agent did and LiveKit took no turn of it
+                self._drop_pending_user()
+            return
         if ev.new_state != "speaking":
             return
         sp = self._speech(self.session.current_speech)
@@ -247,12 +264,29 @@ class LiveKitTap:
     # -- user -----------------------------------------------------------------------------------
 
     def _on_transcribed(self, ev: UserInputTranscribedEvent) -> None:
+        """STT results are what the user is saying, not yet a turn: recorded as the pending interim
+        (finals so far plus the latest interim). The turn is recorded when LiveKit commits it."""
         text = ev.transcript.strip()
-        if not text and not ev.is_final:
-            return
+        self._heard_user = self._heard_user or bool(text)
         if ev.is_final:
-            self._user_finals.append(text)
-        self._emit("user.transcript", {"text": ev.transcript, "final": ev.is_final})
+            if text:
+                self._user_finals.append(text)
+            pending = " ".join(self._user_finals)
+        else:
+            pending = " ".join([*self._user_finals, text]) if text else ""
+        if pending or self._interim:
+            self._set_interim(pending)
+
+    def _set_interim(self, text: str) -> None:
+        if text != self._interim:
+            self._interim = text
+            self._emit("user.transcript", {"text": text, "final": False})
+
+    def _drop_pending_user(self) -> None:
+        """LiveKit did not take what the user said as a turn (speech over a reply that cannot be
+        interrupted, scheduling paused): it was never a turn, so it stops being pending."""
+        self._user_finals = []
+        self._set_interim("")
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking" and not self._user_speaking:
@@ -275,11 +309,16 @@ class LiveKitTap:
             self._on_handoff(item)
 
     def _on_user_message(self, msg: llm.ChatMessage) -> None:
-        spoken, self._user_finals = self._user_finals, []
+        """A user turn LiveKit committed to its context: recorded once, as LiveKit keeps it.
+
+        A spoken turn is the final transcript (LiveKit's text: what it joined, what
+        ``on_user_turn_completed`` left), a typed or injected one ``user.text``."""
+        text = (msg.text_content or "").strip()
+        spoken = self._heard_user
+        self._user_finals, self._interim = [], ""
         if spoken:
-            return  # the committed turn repeats the final transcripts already recorded
-        text = msg.text_content or ""
-        if text.strip():
+            self._emit("user.transcript", {"text": text, "final": True})
+        elif text:
             self._emit("user.text", {"text": text})
 
     def _on_assistant_message(self, msg: llm.ChatMessage) -> None:
@@ -358,8 +397,12 @@ class LiveKitTap:
 
     def _on_tool_ended(self, update: ToolCallEnded) -> None:
         call_id = update.call_id
-        if call_id in self._guarded_calls or self._settled(call_id):
+        if call_id in self._guarded_calls:
+            if update.id != call_id:
+                self._reconcile_released(call_id)
             return  # run_tool records guarded calls itself
+        if self._settled(call_id):
+            return
         if update.status == "cancelled":
             self._emit("tool.cancelled", {"call": call_id, "reason": "cancelled", "outcome": "unknown"})
             return
@@ -387,6 +430,7 @@ class LiveKitTap:
         self._emit("tool.result", data)
 
     def _on_tools_executed(self, ev: FunctionToolsExecutedEvent) -> None:
+        self._reconcile_late(ev)
         replies: set[str] = set()
         for fc, out in ev.zipped():
             self._record_call(fc, self._owner_of(fc.call_id))
@@ -402,6 +446,47 @@ class LiveKitTap:
             if sp.reply in replies:
                 self.replies.done(sp.reply)
 
+    # -- live reconciliation of guarded calls ---------------------------------------------------
+
+    def _reconcile_late(self, ev: FunctionToolsExecutedEvent) -> None:
+        """Guarded calls that landed after a barge-in: their outputs go right after their calls.
+
+        LiveKit inserts the items of this event into the agent's live ``ChatContext`` by creation
+        time right after emitting it; an output made after the user spoke again would land after
+        the user's new message, separated from its call. Giving each output the time just after the
+        batch's last call puts it where calltape's context has it, before the next inference."""
+        pairs = [(fc, out) for fc, out in ev.zipped() if fc.call_id in self._guarded_calls]
+        if not pairs:
+            return
+        anchor = max(fc.created_at for fc, _ in pairs)
+        first_out = min(out.created_at for _, out in pairs)
+        batch = {id(x) for pair in pairs for x in pair}
+        try:
+            live = self.session.current_agent.chat_ctx.items
+        except RuntimeError:
+            return
+        if not any(anchor < item.created_at < first_out and id(item) not in batch for item in live):
+            return
+        for i, (_, out) in enumerate(pairs, start=1):
+            out.created_at = anchor + i * 1e-6
+
+    def _reconcile_released(self, call_id: str) -> None:
+        """A guarded call LiveKit released at its interruption cap has landed: the output LiveKit
+        gave it when it stopped waiting (its placeholder) becomes the real one, in the agent's live
+        context and the session history, before the reply that reports it is generated."""
+        state = self.replies.fold.tool_call(call_id)
+        if state is None or state.status in ("in_progress",):
+            return
+        output = state.output if isinstance(state.output, str) else json.dumps(state.output)
+        contexts: list[llm.ChatContext] = [self.session.history]
+        with contextlib.suppress(RuntimeError):
+            contexts.append(self.session.current_agent.chat_ctx)  # a view of the live items
+        for chat_ctx in contexts:
+            for item in chat_ctx.items:
+                if isinstance(item, llm.FunctionCallOutput) and item.call_id == call_id:
+                    item.output = output
+                    item.is_error = state.status == "error"
+
     def _flush_ended(self) -> None:
         """Calls that ended but whose LiveKit output never came (the session closed first)."""
         for call_id, update in list(self._ended.items()):
@@ -413,6 +498,8 @@ class LiveKitTap:
 
     def _on_close(self, ev: CloseEvent) -> None:
         self._flush_ended()
+        if self._interim:
+            self._drop_pending_user()
         reason = ev.reason.value if hasattr(ev.reason, "value") else str(ev.reason)
         dropped = ev.error is not None or reason in _DROP_REASONS
         method = getattr(self.call, "drop" if dropped else "end", None)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from livekit.agents import RunContext
+from livekit.agents import RunContext, llm
+from livekit.agents import function_tool as lk_function_tool
 from livekit.agents.llm import ToolError
 
 from calltape.adapters.livekit.tap import tap_of
 from calltape.runtime import ToolOutcome, ToolSpec
 
-__all__ = ["guarded"]
+__all__ = ["function_tool", "guarded", "unguarded_tools"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -34,6 +36,12 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
     """
 
     def decorate(func: F) -> F:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                "@guarded takes the tool's async function: put it under @function_tool "
+                "(or use calltape.adapters.livekit.function_tool, which does both)"
+            )
+
         @functools.wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             ctx = _run_context(args, kwargs)
@@ -76,3 +84,29 @@ def _outcome_message(outcome: ToolOutcome) -> str:
         "cancelled": "the tool call was cancelled",
         "unknown": "the outcome of this tool call is unknown; it was not run again",
     }.get(outcome.status, f"the tool call ended as {outcome.status}")
+
+
+def function_tool(
+    fn: Callable[..., Awaitable[Any]] | None = None, *, spec: ToolSpec | None = None, **options: Any
+) -> Any:
+    """LiveKit's ``@function_tool`` with the body guarded: a drop-in for the framework's own registration.
+
+    ``options`` are ``function_tool``'s (``name``, ``description``, ``flags``, ...); ``spec`` is the
+    tool's :class:`~calltape.runtime.ToolSpec` (default: the call's ``tools`` entry, else the defaults).
+    """
+
+    def decorate(func: Callable[..., Awaitable[Any]]) -> Any:
+        return lk_function_tool(guarded(func, spec=spec), **options)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def unguarded_tools(tools: Sequence[Any], specs: Mapping[str, ToolSpec]) -> list[str]:
+    """Names of tools that have a :class:`~calltape.runtime.ToolSpec` in ``specs`` but run unguarded
+    (registered with LiveKit's plain ``@function_tool``): calltape would not protect them."""
+    found = llm.ToolContext(list(tools)).function_tools.values()
+    return sorted(
+        tool.info.name
+        for tool in found
+        if tool.info.name in specs and not getattr(tool, "__calltape_guarded__", False)
+    )

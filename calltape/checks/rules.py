@@ -1,0 +1,250 @@
+"""The rules of ``calltape check`` (SPEC section 7), one function each, registered under its id.
+
+A rule reads the :class:`~calltape.checks.facts.SessionFacts` of one session and yields its
+violations. Ids are part of the contract; so is the seq each rule names. Messages name calls,
+replies and tools by id and name only, never by their content (transcripts, arguments, outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from calltape.checks.facts import SessionFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: the session, the seq of the event that breaks it, the rule id, a sentence."""
+
+    session: str
+    seq: int
+    rule: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` shape: ``{"session", "seq", "rule", "message"}``."""
+        return {"session": self.session, "seq": self.seq, "rule": self.rule, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.session} {self.seq} {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    """The thresholds of the time-based rules (the CLI's options)."""
+
+    talk_over_ms: int = 500
+    stale_after_ms: int = 10 * 60 * 1000
+    default_tool_timeout_s: float = 30.0
+    now_ms: int | None = None
+    """The current time for ``unsettled-drop``; None reads the clock."""
+
+
+RuleFunction = Callable[[SessionFacts, CheckOptions], Iterator[Violation]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A registered rule: its contract id, a one-line summary and the function that applies it."""
+
+    id: str
+    summary: str
+    apply: RuleFunction
+
+
+RULES: dict[str, Rule] = {}
+"""Every rule of SPEC section 7, by id, in the order they are documented."""
+
+
+def rule(rule_id: str, summary: str) -> Callable[[RuleFunction], RuleFunction]:
+    """Registers a rule function under its id (the decorator every rule below uses)."""
+
+    def register(fn: RuleFunction) -> RuleFunction:
+        if rule_id in RULES:
+            raise ValueError(f"rule '{rule_id}' is registered twice")
+        RULES[rule_id] = Rule(rule_id, summary, fn)
+        return fn
+
+    return register
+
+
+def _call(name: str, call: str) -> str:
+    return f"tool call '{name}' [{call}]"
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.1f} s"
+
+
+@rule("orphan-call", "an included tool call never got a result or a cancel although the call ended or resumed")
+def orphan_call(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A call left open when the call ended (or was resumed and not run again) never reaches the LLM settled."""
+    for call in facts.calls.values():
+        if call.status != "in_progress" or not call.included:
+            continue
+        ended = next((s for s in facts.ended_seqs if s > call.seq), None)
+        if ended is not None:
+            yield Violation(
+                facts.session,
+                call.seq,
+                "orphan-call",
+                f"{_call(call.name, call.call)} has no result and no cancel although the session ended at seq {ended}",
+            )
+            continue
+        resumed = [s for s in facts.resumed_seqs if s > call.seq]
+        if resumed and not any(start.seq > resumed[-1] for start in call.starts):
+            yield Violation(
+                facts.session,
+                call.seq,
+                "orphan-call",
+                f"{_call(call.name, call.call)} has no result and no cancel although the session was resumed "
+                f"at seq {resumed[0]} (and the resumed agent did not run it again)",
+            )
+
+
+@rule("late-start", "a call of an interrupted reply started after the interruption")
+def late_start(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A call of a cancelled generation must never start (SPEC section 3); pipecat-ai#4997's shape."""
+    for call in facts.calls.values():
+        for start in call.starts:
+            if start.late:
+                reply = facts.replies.get(call.reply or "")
+                where = f" at seq {reply.interrupted_seq}" if reply is not None and reply.interrupted_seq else ""
+                yield Violation(
+                    facts.session,
+                    start.seq,
+                    "late-start",
+                    f"{_call(call.name, call.call)} started after its reply [{call.reply}] was interrupted{where}: "
+                    "a call of a cancelled generation ran",
+                )
+
+
+@rule("double-run", "a call id started twice within one epoch, or again after its result")
+def double_run(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A tool with side effects must run once per call id (a resume's retry in a new epoch aside)."""
+    for call in facts.calls.values():
+        first_in_epoch: dict[int, int] = {}
+        for start in call.starts:
+            if start.after_result:
+                yield Violation(
+                    facts.session,
+                    start.seq,
+                    "double-run",
+                    f"{_call(call.name, call.call)} started again after its result at seq {call.result_seq}",
+                )
+            elif start.epoch in first_in_epoch:
+                yield Violation(
+                    facts.session,
+                    start.seq,
+                    "double-run",
+                    f"{_call(call.name, call.call)} started a second time in epoch {start.epoch} "
+                    f"(first start at seq {first_in_epoch[start.epoch]})",
+                )
+            first_in_epoch.setdefault(start.epoch, start.seq)
+
+
+@rule("stale-epoch", "an event written with an epoch older than the session's")
+def stale_epoch(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A write from a fenced (zombie) agent got into the log."""
+    for seq, epoch, current in facts.stale:
+        yield Violation(
+            facts.session,
+            seq,
+            "stale-epoch",
+            f"an event of epoch {epoch} got in after the session reached epoch {current} (a zombie writer)",
+        )
+
+
+@rule("talk-over", "the agent kept talking after a barge-in longer than the threshold")
+def talk_over(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """The agent kept talking over the caller after the barge-in."""
+    for barge in facts.barge_ins:
+        if barge.ended_at_ms is None:
+            yield Violation(
+                facts.session,
+                barge.seq,
+                "talk-over",
+                f"the playout of reply [{barge.reply}] never ended after the barge-in",
+            )
+            continue
+        late = barge.ended_at_ms - barge.at_ms
+        if late > options.talk_over_ms:
+            yield Violation(
+                facts.session,
+                barge.seq,
+                "talk-over",
+                f"the agent kept talking {late} ms after the barge-in on reply [{barge.reply}] "
+                f"(threshold {options.talk_over_ms} ms)",
+            )
+
+
+@rule("late-tokens", "text of a reply kept arriving after its interruption")
+def late_tokens(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """The LLM kept generating for a cancelled reply (wasted tokens, a generation not cancelled)."""
+    for reply in facts.replies.values():
+        if reply.late_text_seqs:
+            count = len(reply.late_text_seqs)
+            yield Violation(
+                facts.session,
+                reply.late_text_seqs[0],
+                "late-tokens",
+                f"{count} agent.text event{'s' if count != 1 else ''} for reply [{reply.reply}] after its "
+                f"interruption at seq {reply.interrupted_seq} (the LLM was not cancelled)",
+            )
+
+
+@rule("unsettled-drop", "a dropped call that nobody resumed or ended")
+def unsettled_drop(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A dropped call nobody resumed or ended leaves its caller and its tools in limbo."""
+    if facts.last_core_type != "session.dropped" or facts.last_core_at_ms is None:
+        return
+    from calltape.events import now_ms
+
+    now = options.now_ms if options.now_ms is not None else now_ms()
+    age = now - facts.last_core_at_ms
+    if age > options.stale_after_ms:
+        yield Violation(
+            facts.session,
+            facts.last_core_seq,
+            "unsettled-drop",
+            f"the call dropped {_age(age)} ago and was never resumed or ended "
+            f"(threshold {_age(options.stale_after_ms)})",
+        )
+
+
+def _age(ms: int) -> str:
+    minutes = ms // 60_000
+    if minutes < 1:
+        return _seconds(ms)
+    if minutes < 120:
+        return f"{minutes} min"
+    hours = minutes // 60
+    return f"{hours} h" if hours < 48 else f"{hours // 24} days"
+
+
+@rule("slow-tool", "a tool ran longer than its declared timeout (else 30 s)")
+def slow_tool(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """A tool over its timeout means a caller waiting in silence."""
+    last_at = facts.last_at_ms
+    for call in facts.calls.values():
+        limit_s = call.timeout_s if call.timeout_s is not None else options.default_tool_timeout_s
+        limit_ms = limit_s * 1000
+        for start in call.starts:
+            end = next(((seq, at) for seq, at in call.settles if seq > start.seq), None)
+            if end is not None:
+                took = end[1] - start.at_ms
+                how = f"ran {_seconds(took)}"
+            else:
+                took = (last_at or start.at_ms) - start.at_ms
+                how = f"was still running after {_seconds(took)} at the session's last event"
+            if took > limit_ms:
+                which = "its declared timeout" if call.timeout_s is not None else "the default limit"
+                yield Violation(
+                    facts.session,
+                    start.seq,
+                    "slow-tool",
+                    f"{_call(call.name, call.call)} {how}, over {which} of {limit_s:g} s",
+                )
+                break

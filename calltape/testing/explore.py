@@ -1,0 +1,222 @@
+"""Barge-in exploration: run an agent's scenario once, then once per event boundary with a barge-in
+landing exactly there, and check every run.
+
+A scenario is an ``async`` function that drives a :class:`~calltape.runtime.CallSession` the way the
+agent does (a scripted caller and a scripted LLM emitting events, the agent's real tools under
+``call.run_tool`` or not). The uninterrupted run fixes the boundaries: after its k-th event, run k
+records an ``interruption`` of the latest reply at the scenario's first ``await`` after that event
+(where a barge-in from the transport can really land), and lets the scenario carry on. Each run is
+its own session in one private in-memory store; runs go concurrently. Every run is checked with
+:func:`calltape.testing.invariant_violations` (the ``calltape check`` rules and the context
+invariants) and with the user's own assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from calltape.checks import CheckOptions, Violation
+from calltape.events import Event
+from calltape.eventstore import EventStore
+from calltape.runtime import CallSession, Interrupted
+
+Scenario = Callable[[CallSession], Awaitable[None]]
+"""The agent under test, driving one call."""
+
+Assertion = Callable[["Run"], Any]
+"""The user's own checks of one run (raise ``AssertionError``; may be async)."""
+
+__all__ = ["Exploration", "Run", "explore"]
+
+
+@dataclass
+class Run:
+    """One run of the scenario: where the barge-in landed, what was recorded, what went wrong."""
+
+    boundary: int | None
+    """None: the uninterrupted run; k: the barge-in landed right after the run's k-th event."""
+    after: str | None = None
+    """The type of the event the barge-in followed."""
+    events: list[Event] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+    """The final ``native`` context of the call."""
+    violations: list[Violation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """The user's failed assertions and unexpected exceptions of the scenario."""
+    interrupted: bool = False
+    """The scenario stopped on :class:`~calltape.runtime.Interrupted` (an agent giving up its turn)."""
+
+    @property
+    def failed(self) -> bool:
+        """Whether this run broke an invariant or a user assertion."""
+        return bool(self.violations or self.problems)
+
+    def describe(self) -> str:
+        """The instant and what broke there (ids and rule names only, never the call's words)."""
+        where = (
+            "the uninterrupted run"
+            if self.boundary is None
+            else (f"a barge-in at boundary {self.boundary} (landed after {self.after})")
+        )
+        lines = [f"{where}:"]
+        lines += [f"  {v}" for v in self.violations]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass
+class Exploration:
+    """Every run of one exploration."""
+
+    runs: list[Run]
+    seconds: float
+
+    @property
+    def baseline(self) -> Run:
+        """The uninterrupted run."""
+        return self.runs[0]
+
+    @property
+    def failures(self) -> list[Run]:
+        """The runs that broke something, in boundary order."""
+        return [r for r in self.runs if r.failed]
+
+    def assert_ok(self) -> None:
+        """Raises ``AssertionError`` naming the first failing instant (its timeline goes to stderr)."""
+        failures = self.failures
+        if not failures:
+            return
+        first = failures[0]
+        try:
+            from calltape.testing import timeline_text
+
+            sys.stderr.write(f"calltape: timeline of the first failing run ({first.describe().splitlines()[0]})\n")
+            sys.stderr.write(timeline_text(first.events))
+        except Exception as exc:  # the timeline is a courtesy: never hide the failure
+            sys.stderr.write(f"calltape: timeline unavailable ({type(exc).__name__})\n")
+        raise AssertionError(f"{len(failures)} of {len(self.runs)} runs failed; the first: {first.describe()}")
+
+
+class _BargeIn:
+    """Counts the events a run records and lands the barge-in right after the k-th one."""
+
+    def __init__(self, call: CallSession, at: int | None) -> None:
+        self.call = call
+        self.at = at
+        self.count = 1  # session.started, recorded before the scenario runs
+        self.after: str | None = None
+        self.types: list[str] = ["session.started"]
+        original = call._fold
+
+        def fold(event: Event) -> None:
+            original(event)
+            if event.type.startswith("x."):
+                return
+            self.count += 1
+            self.types.append(event.type)
+            if self.count == self.at:
+                # A real barge-in arrives from another task, so it lands at the scenario's next await.
+                asyncio.get_running_loop().call_soon(self._land)
+
+        call._fold = fold  # type: ignore[method-assign]
+
+    def _land(self) -> None:
+        if {"session.ended", "session.dropped"} & set(self.types):
+            return
+        self.after = f"{self.types[-1]}, event {self.count}"
+        self.call.interrupt(cause="user_speech")
+
+
+async def _one_run(
+    store: EventStore,
+    scenario: Scenario,
+    at: int | None,
+    *,
+    agent: str,
+    assertions: list[Assertion],
+    options: CheckOptions | None,
+) -> tuple[Run, list[str]]:
+    from calltape.eventstore.recorder import Recorder
+    from calltape.testing import invariant_violations
+
+    run = Run(boundary=at)
+    recorder = Recorder(store)
+    await recorder.start()
+    session = "explored-baseline" if at is None else f"explored-at-{at}"
+    try:
+        call = await CallSession.start(recorder, session, agent=agent)
+        hook = _BargeIn(call, at)
+        try:
+            await scenario(call)
+        except Interrupted:
+            run.interrupted = True
+        except Exception as exc:
+            run.problems.append(f"the scenario raised {type(exc).__name__}")
+        if not {"session.ended", "session.dropped"} & set(hook.types):
+            await call.end("scenario finished")
+    finally:
+        await recorder.close()
+    run.after = hook.after
+    run.events = await store.read(session)
+    run.context = call.fold.native()
+    run.violations = invariant_violations(run.events, session, options)
+    for check in assertions:
+        try:
+            result = check(run)
+            if asyncio.iscoroutine(result):
+                await result
+        except AssertionError as exc:
+            run.problems.append(f"assertion failed: {exc}" if str(exc) else "an assertion failed")
+    return run, hook.types
+
+
+async def explore(
+    scenario: Scenario,
+    *,
+    assertions: Assertion | list[Assertion] | None = None,
+    agent: str = "agent",
+    options: CheckOptions | None = None,
+    concurrency: int = 16,
+) -> Exploration:
+    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there.
+
+    Returns every run; call :meth:`Exploration.assert_ok` to fail a test on the first broken instant.
+    """
+    from calltape.eventstore import open_store
+
+    checks = [assertions] if callable(assertions) else list(assertions or [])
+    started = time.perf_counter()
+    store = await open_store("sqlite://")  # one private in-memory store; each run is its own session
+    try:
+        return await _explore(store, scenario, checks, agent, options, concurrency, started)
+    finally:
+        await store.close()
+
+
+async def _explore(
+    store: EventStore,
+    scenario: Scenario,
+    checks: list[Assertion],
+    agent: str,
+    options: CheckOptions | None,
+    concurrency: int,
+    started: float,
+) -> Exploration:
+    baseline, types = await _one_run(store, scenario, None, agent=agent, assertions=checks, options=options)
+    boundaries = [
+        k for k, kind in enumerate(types, start=1) if k > 1 and kind not in ("session.ended", "session.dropped")
+    ]
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def bounded(k: int) -> Run:
+        async with gate:
+            run, _ = await _one_run(store, scenario, k, agent=agent, assertions=checks, options=options)
+            return run
+
+    runs = await asyncio.gather(*(bounded(k) for k in boundaries))
+    return Exploration([baseline, *runs], time.perf_counter() - started)

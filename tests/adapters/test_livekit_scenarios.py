@@ -1,0 +1,362 @@
+"""LiveKit's own scenario families (its ``tests/``: fake STT/VAD/TTS sessions) rebuilt on the
+installed framework with calltape attached the README way, comparing calltape's context with
+LiveKit's ``ChatContext`` turn by turn.
+
+The caller is scripted (:class:`~tests.adapters.livekit_support.Utterance`): VAD edges and STT
+results on a timeline; turn detection, interruptions, transcript sync, tools and handoffs are
+LiveKit's. Documented differences: consecutive user messages count as one turn (calltape's rule),
+and a call answered by a progress update keeps one output (its real result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
+from livekit.agents.voice import speech_handle as lk_speech_handle
+from livekit.agents.voice.events import ToolCallEnded
+
+from calltape.adapters.livekit import attach, guarded
+from calltape.eventstore import EventStore
+from calltape.projections import build_context
+from calltape.runtime import CallSession, ToolSpec
+from tests.adapters.livekit_support import (
+    ScriptedLLM,
+    Step,
+    Utterance,
+    before_1_8,
+    calltape_calls,
+    calltape_turns,
+    livekit_calls,
+    livekit_turns,
+    start_call,
+    voice_session,
+)
+
+pytestmark = pytest.mark.livekit
+
+
+async def run_call(
+    store: EventStore,
+    session_id: str,
+    script: list[Utterance],
+    llm_: ScriptedLLM,
+    agent: Agent,
+    *,
+    seconds: float,
+    **options: Any,
+) -> tuple[AgentSession[Any], CallSession, dict[str, Any]]:
+    """Runs the scripted call for ``seconds`` with calltape attached; returns LiveKit's session, the
+    call and calltape's durable context (rebuilt from the store)."""
+    recorder, call = await start_call(store, session_id, agent=agent.id, instructions="", modality="voice")
+    session, phone = voice_session(script, llm_, **options)
+    tap = attach(session, call)
+    await session.start(agent)
+    phone.ring()
+    await asyncio.sleep(seconds)
+    await session.aclose()
+    await tap.drain()
+    await recorder.flush()
+    native = (await build_context(store, session_id)).native()
+    await recorder.close()
+    return session, call, native
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: turn-taking (upstream test_events_and_metrics, test_generate_reply)
+
+
+async def test_turn_taking(store: EventStore, session_id: str) -> None:
+    script = [Utterance(0.2, 0.7, "Hello there."), Utterance(2.4, 2.9, "What time do you open?")]
+    llm_ = ScriptedLLM([Step("Hi, how can I help you today?"), Step("We open at nine.")])
+    session, _, native = await run_call(store, session_id, script, llm_, Agent(instructions="Shop."), seconds=4.2)
+    assert livekit_turns(session.history) == [
+        ("user", "Hello there."),
+        ("assistant", "Hi, how can I help you today?"),
+        ("user", "What time do you open?"),
+        ("assistant", "We open at nine."),
+    ]
+    assert calltape_turns(native) == livekit_turns(session.history)
+    assert native["clean"]
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: interruption (upstream test_interruption)
+
+
+async def test_barge_in_keeps_what_was_heard(store: EventStore, session_id: str) -> None:
+    long = "Our opening hours are from nine in the morning until six in the evening on every weekday of the year."
+    script = [Utterance(0.2, 0.6, "When are you open?"), Utterance(1.6, 2.1, "Only Saturday please.")]
+    llm_ = ScriptedLLM([Step(long), Step("On Saturdays we open at ten.")])
+    session, _, native = await run_call(store, session_id, script, llm_, Agent(instructions="Shop."), seconds=4.5)
+    cut = [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
+    assert len(cut) == 1 and 0 < len(cut[0].text_content or "") < len(long)  # upstream: cut mid-sentence
+    assert calltape_turns(native) == livekit_turns(session.history)
+    heard = [i for i in native["items"] if i["type"] == "message" and i.get("interrupted")]
+    assert [h["content"].strip() for h in heard] == [(cut[0].text_content or "").strip()]
+    interruptions = [e for e in await store.read(session_id) if e.type == "interruption"]
+    assert [e.data["cause"] for e in interruptions] == ["user_speech"]
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: speech that cannot be interrupted (upstream test_interrupt_protected_speech); issue 11
+
+
+async def test_speech_over_a_non_interruptible_reply_is_not_a_user_turn(store: EventStore, session_id: str) -> None:
+    terms = "These are the terms of the service, please listen to all of them carefully before you agree."
+    script = [Utterance(0.2, 0.6, "Read me the terms."), Utterance(1.4, 1.8, "Hello? Are you there?")]
+    llm_ = ScriptedLLM([Step(terms), Step("Yes, I am here.")])
+    agent = Agent(instructions="Terms.", allow_interruptions=False)
+    session, _, native = await run_call(store, session_id, script, llm_, agent, seconds=4.0)
+    # upstream: LiveKit discards the speech (no user turn, no reply to it)
+    assert livekit_turns(session.history) == [("user", "Read me the terms."), ("assistant", terms)]
+    assert len(llm_.seen) == 1
+    assert calltape_turns(native) == livekit_turns(session.history)
+    assert native["pending"]["user_text"] is None and native["clean"]
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: a new user turn during on_user_turn_completed (upstream test_interrupt_during_on_user_turn_completed)
+
+
+async def test_slow_user_turn_hook_while_the_user_keeps_talking(store: EventStore, session_id: str) -> None:
+    class Librarian(Agent):
+        async def on_user_turn_completed(self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage) -> None:
+            await asyncio.sleep(0.8)  # a RAG lookup
+
+    script = [Utterance(0.2, 0.7, "Tell me a story"), Utterance(1.0, 1.5, "about a firefighter.")]
+    llm_ = ScriptedLLM([Step("Once upon a time."), Step("Once upon a time, a firefighter named Sam.")])
+    session, _, native = await run_call(
+        store, session_id, script, llm_, Librarian(instructions="Stories."), seconds=4.0
+    )
+    said = " ".join(u.text for u in script)
+    lk_user = [t for r, t in livekit_turns(session.history) if r == "user"]
+    assert lk_user == [said]
+    ct_user = [t for r, t in calltape_turns(native) if r == "user"]
+    assert ct_user == [said]  # each word once
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: tools (upstream test_tool_call)
+
+
+class Booker(Agent):
+    def __init__(self, delay: float = 0.1) -> None:
+        super().__init__(instructions="You book tables.")
+        self.delay = delay
+
+    @function_tool
+    async def book(self, ctx: RunContext[Any], when: str) -> str:
+        """Books a table."""
+        await asyncio.sleep(self.delay)
+        return f"booked {when}"
+
+
+async def test_tool_turn(store: EventStore, session_id: str) -> None:
+    script = [Utterance(0.2, 0.7, "A table at seven please.")]
+    llm_ = ScriptedLLM([Step("Let me book that.", [("call_1", "book", {"when": "7pm"})]), Step("Booked for seven.")])
+    session, _, native = await run_call(store, session_id, script, llm_, Booker(), seconds=3.0)
+    assert livekit_calls(session.history) == {"call_1": ("book", "booked 7pm")}
+    assert calltape_calls(native) == livekit_calls(session.history)
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: tool results preserved on interruption (upstream test_tool_results_preserved_on_interruption)
+
+
+async def test_barge_in_while_the_tool_runs(store: EventStore, session_id: str) -> None:
+    script = [Utterance(0.2, 0.7, "A table at seven please."), Utterance(1.3, 1.8, "And is there parking?")]
+    llm_ = ScriptedLLM(
+        [Step("One moment.", [("call_1", "book", {"when": "7pm"})]), Step("Yes, parking is free."), Step("Done.")]
+    )
+    session, _, native = await run_call(store, session_id, script, llm_, Booker(delay=1.5), seconds=5.0)
+    assert livekit_calls(session.history)["call_1"] == ("book", "booked 7pm")  # upstream keeps it (#3702)
+    assert calltape_calls(native) == livekit_calls(session.history)
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: preemptive generation (upstream test_preemptive_generation)
+
+
+async def test_preemptive_generation(store: EventStore, session_id: str) -> None:
+    script = [Utterance(0.2, 0.7, "Hello there."), Utterance(2.4, 2.9, "Thanks, bye.")]
+    llm_ = ScriptedLLM([Step("Hi, how can I help you today?"), Step("Goodbye.")])
+    session, _, native = await run_call(
+        store,
+        session_id,
+        script,
+        llm_,
+        Agent(instructions="Shop."),
+        seconds=4.2,
+        turn_handling={"preemptive_generation": {"enabled": True}},
+    )
+    assert livekit_turns(session.history)[-1] == ("assistant", "Goodbye.")
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+# -------------------------------------------------------------------------------------------------
+# Family: handoff (upstream test_workflows)
+
+
+async def test_handoff_by_tool(store: EventStore, session_id: str) -> None:
+    billing_llm = ScriptedLLM([Step("Billing here, how can I help?")])
+
+    class Billing(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You handle billing.", llm=billing_llm)
+
+        async def on_enter(self) -> None:
+            self.session.generate_reply()
+
+    class Triage(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You triage.")
+
+        @function_tool
+        async def transfer_to_billing(self, ctx: RunContext[Any]) -> Agent:
+            """Hands the caller to billing."""
+            return Billing()
+
+    script = [Utterance(0.2, 0.7, "I have a billing question.")]
+    llm_ = ScriptedLLM([Step("", [("call_1", "transfer_to_billing", {})])])
+    session, call, native = await run_call(store, session_id, script, llm_, Triage(), seconds=3.0)
+    assert calltape_turns(native) == livekit_turns(session.history)
+    assert calltape_calls(native) == livekit_calls(session.history)
+    handoffs = [(i["from"], i["to"]) for i in native["items"] if i["type"] == "handoff"]
+    assert handoffs == [("triage", "billing")]
+    assert native["items"][0]["content"] == "You handle billing."
+    assert call.agent == native["agent"] == "billing"
+
+
+# -------------------------------------------------------------------------------------------------
+# Live reconciliation (issue 11): a guarded `finish` tool landing after a barge-in
+
+
+def dangling_calls(chat_ctx: llm.ChatContext) -> list[str]:
+    """Calls not followed by their one output before the next message (what a provider rejects)."""
+    items = [i for i in chat_ctx.items if isinstance(i, (llm.ChatMessage, llm.FunctionCall, llm.FunctionCallOutput))]
+    bad: list[str] = []
+    for n, item in enumerate(items):
+        if not isinstance(item, llm.FunctionCall):
+            continue
+        outputs = 0
+        for later in items[n + 1 :]:
+            if isinstance(later, llm.ChatMessage):
+                break
+            if isinstance(later, llm.FunctionCallOutput) and later.call_id == item.call_id:
+                outputs += 1
+        if outputs != 1:
+            bad.append(item.call_id)
+    return bad
+
+
+@before_1_8
+async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(store: EventStore, session_id: str) -> None:
+    runs: list[str] = []
+
+    class GuardedBooker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        @guarded
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table."""
+            runs.append(when)
+            await asyncio.sleep(1.5)
+            return f"booked {when}"
+
+    script = [
+        Utterance(0.2, 0.7, "A table at seven please."),
+        Utterance(1.3, 1.8, "And is there parking?"),
+        Utterance(3.6, 4.0, "Thanks a lot."),
+    ]
+    llm_ = ScriptedLLM(
+        [
+            Step(
+                "One moment please, I am booking that table for you right now.", [("call_1", "book", {"when": "7pm"})]
+            ),
+            Step("Parking is free."),
+            Step("You are welcome."),
+        ]
+    )
+    session, _, native = await run_call(store, session_id, script, llm_, GuardedBooker(), seconds=5.5)
+    assert runs == ["7pm"]
+    cut = [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
+    assert len(cut) == 1  # the barge-in cut the preamble while the tool ran
+    # every inference LiveKit ran saw each call with exactly one output right after it
+    assert [dangling_calls(ctx) for ctx in llm_.seen] == [[] for _ in llm_.seen]
+    # the inference after the tool landed (the caller's thanks) had its real output
+    last = llm_.seen[-1]
+    assert ("user", "Thanks a lot.") in livekit_turns(last)
+    assert [(o.call_id, o.output) for o in last.items if isinstance(o, llm.FunctionCallOutput)] == [
+        ("call_1", "booked 7pm")
+    ]
+    assert dangling_calls(session.history) == []
+    assert calltape_calls(native) == {"call_1": ("book", "booked 7pm")} == livekit_calls(session.history)
+    assert calltape_turns(native) == livekit_turns(session.history)
+
+
+@before_1_8
+async def test_guarded_tool_released_at_the_cap_has_its_real_output_in_the_live_context(
+    store: EventStore, session_id: str
+) -> None:
+    cap = lk_speech_handle.INTERRUPTION_TIMEOUT
+    ended: list[ToolCallEnded] = []
+    running = asyncio.Event()
+
+    class SlowBooker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        @guarded(spec=ToolSpec(timeout=cap + 5))
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table (a slow provider)."""
+            running.set()
+            await asyncio.sleep(cap + 0.5)
+            return f"booked {when}"
+
+    preamble = "Booking your table now, this takes a moment, please stay on the line."
+    calls = [("call_1", "book", {"when": "7pm"})]
+    # the call comes first and the preamble plays slowly: the barge-in cuts the speech while the tool runs
+    llm_ = ScriptedLLM([Step(preamble, calls, calls_first=True, word_delay=0.2), Step("Still booking."), Step("Done.")])
+    recorder, call = await start_call(store, session_id, agent="booker", instructions="You book tables.")
+    session: AgentSession[Any] = AgentSession(llm=llm_)
+    session.on(
+        "tool_execution_updated", lambda ev: ended.append(ev.update) if isinstance(ev.update, ToolCallEnded) else None
+    )
+    tap = attach(session, call)
+    await session.start(SlowBooker())
+    session.generate_reply(user_input="book at 7")
+    await running.wait()
+    session.interrupt()
+    for _ in range(int((cap + 3) / 0.05)):
+        if ended and len(llm_.seen) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert ended and ended[0].id != "call_1"  # upstream: released at the cap, the result came later
+    live = [
+        o.output
+        for o in session.current_agent.chat_ctx.items
+        if isinstance(o, llm.FunctionCallOutput) and o.call_id == "call_1"
+    ]
+    assert live == ["booked 7pm"]
+    last = llm_.seen[-1]
+    assert [o.output for o in last.items if isinstance(o, llm.FunctionCallOutput) and o.call_id == "call_1"] == [
+        "booked 7pm"
+    ]
+    await recorder.flush()
+    assert call.call_state("call_1") is not None and call.call_state("call_1").output == "booked 7pm"  # type: ignore[union-attr]
+    await session.aclose()
+    await tap.drain()
+    await recorder.close()

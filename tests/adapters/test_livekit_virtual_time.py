@@ -1,0 +1,78 @@
+"""calltape attached to a LiveKit session on a virtual-time loop (how LiveKit tests its own agents):
+the loop's clock jumps to its next timer whenever it is idle, so a coroutine waiting for a commit
+made off the loop (SQLite's thread) lets it skip ahead, up to the test's own timeout (issue 11)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import Agent, AgentSession, RunContext, function_tool
+
+from calltape.adapters.livekit import attach, guarded
+from calltape.eventstore import open_store
+from calltape.eventstore.recorder import Recorder
+from calltape.projections import build_context
+from calltape.runtime import CallSession
+from tests.adapters.livekit_support import JumpingClockLoop, ScriptedLLM, Step
+
+pytestmark = pytest.mark.livekit
+
+TEST_TIMEOUT = 60.0
+
+
+def test_calltape_on_a_virtual_time_loop(tmp_path: Path) -> None:
+    loop = JumpingClockLoop()
+    timed_out: list[float] = []
+    clock: dict[str, float] = {}
+
+    class Booker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        @guarded
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table (the provider takes two seconds)."""
+            await asyncio.sleep(2.0)
+            return f"booked {when}"
+
+    async def scenario() -> dict[str, Any]:
+        store = await open_store(f"sqlite:///{tmp_path}/calltape.db")
+        recorder = await Recorder(store).start()
+        # the harness's own timeout, pending for the whole test
+        guard = loop.call_later(TEST_TIMEOUT, lambda: timed_out.append(loop.time()))
+        t0 = loop.time()
+        call = await CallSession.start(recorder, "call-vt", agent="booker", framework="livekit", modality="text")
+        clock["start"] = loop.time() - t0
+        llm_ = ScriptedLLM([Step("Booking.", [("call_1", "book", {"when": "7pm"})]), Step("Booked for seven.")])
+        session: AgentSession[Any] = AgentSession(llm=llm_)
+        tap = attach(session, call)
+        await session.start(Booker())
+        await session.run(user_input="a table at seven")
+        clock["run"] = loop.time() - t0
+        await session.aclose()
+        await tap.drain()
+        guard.cancel()  # the test's own reads of the store below are not part of the call
+        await recorder.flush()
+        native = (await build_context(store, "call-vt")).native()
+        await recorder.close()
+        await store.close()
+        return native
+
+    try:
+        native = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+    assert timed_out == []
+    assert clock["start"] < 1.0  # starting the call took no virtual time
+    # the run took the tool's two virtual seconds, not a jump to a timer
+    assert 2.0 <= clock["run"] < 5.0
+    outputs = [i["output"] for i in native["items"] if i["type"] == "function_call_output"]
+    assert outputs == ["booked 7pm"]
