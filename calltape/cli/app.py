@@ -92,9 +92,7 @@ def installed_version() -> str:
     try:
         return version("calltape")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-        import calltape
-
-        return str(getattr(calltape, "__version__", "unknown"))
+        return "unknown (not installed)"
 
 
 db_app = typer.Typer(
