@@ -1,11 +1,13 @@
-"""Fixtures of the event-log tests: a PostgreSQL proxy a test can cut (an outage on demand)."""
+"""Fixtures of the event-log tests: a PostgreSQL proxy a test can cut (an outage on demand), and an empty
+PostgreSQL database (no calltape schema) for migration tests."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from eventstore_support import TcpProxy
+from eventstore_support import TcpProxy, raw_pg
 from sqlalchemy.engine import make_url
 
 
@@ -18,3 +20,20 @@ async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
         yield p
     finally:
         await p.kill()
+
+
+@pytest.fixture
+async def empty_pg(pg_admin_url: str) -> AsyncIterator[str]:
+    """A PostgreSQL database with no calltape schema, dropped afterwards."""
+    name = f"calltape_empty_{uuid.uuid4().hex[:10]}"
+    admin = await raw_pg(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    admin = await raw_pg(pg_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

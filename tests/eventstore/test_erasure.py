@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -160,26 +159,5 @@ async def test_a_v01_sqlite_database_upgrades_in_place(tmp_path: Path) -> None:
     await _upgrades_in_place(f"sqlite:///{tmp_path}/v01.db")
 
 
-async def test_a_v01_postgres_database_upgrades_in_place(empty_pg_url: str) -> None:
-    await _upgrades_in_place(empty_pg_url)
-
-
-@pytest.fixture
-async def empty_pg_url(pg_admin_url: str) -> AsyncIterator[str]:
-    import uuid
-
-    from eventstore_support import raw_pg
-    from sqlalchemy.engine import make_url
-
-    name = f"calltape_v01_{uuid.uuid4().hex[:10]}"
-    admin = await raw_pg(pg_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    admin = await raw_pg(pg_admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+async def test_a_v01_postgres_database_upgrades_in_place(empty_pg: str) -> None:
+    await _upgrades_in_place(empty_pg)

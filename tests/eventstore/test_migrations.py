@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,23 +13,6 @@ import calltape
 from calltape.errors import CalltapeError, SchemaOutdated, StoreUnavailable
 from calltape.eventstore import open_store, resolve_url, upgrade
 from calltape.migrations import VERSION_TABLE, alembic_config, head_revision
-
-
-@pytest.fixture
-async def empty_pg(pg_admin_url: str) -> AsyncIterator[str]:
-    """A PostgreSQL database with no calltape schema."""
-    name = f"calltape_empty_{uuid.uuid4().hex[:10]}"
-    admin = await raw_pg(pg_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
-    admin = await raw_pg(pg_admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 def one_sentence(message: str) -> None:
