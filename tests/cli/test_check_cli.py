@@ -99,6 +99,10 @@ def test_check_sessions_files_and_sweeps(cli: Cli, tmp_path: Path) -> None:
 def test_check_usage_and_input_errors(cli: Cli, tmp_path: Path) -> None:
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_bytes(jsonl(clean_call("x")[:2]) + b'{"session": "x", "type": "tool.result", "data": {}}\n')
+    existing = tmp_path / "existing.jsonl"
+    existing.write_bytes(jsonl(clean_call("existing")))
+    imported = cli("import", str(existing))  # the store exists: a missing session is about the session
+    assert imported.code == 0, imported
     commands = [
         ("check",),
         ("check", "a", "--all"),
