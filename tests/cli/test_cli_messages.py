@@ -31,9 +31,9 @@ def test_user_data_is_never_markup(cli: Cli, tmp_path: Path) -> None:
     call = tmp_path / "call.jsonl"
     call.write_bytes(jsonl(events))
     assert cli("import", str(call)).code == 0
-    results = cli.many(
-        ["sessions"],
-        ["sessions", "--json"],
+    results = cli.many(  # --limit 0: the PostgreSQL test database holds every other test's sessions too
+        ["sessions", "--limit", "0"],
+        ["sessions", "--json", "--limit", "0"],
         ["stats"],
         ["stats", s],
         ["show", s],
@@ -98,8 +98,8 @@ def test_version_and_global_options_after_the_command(cli: Cli, store_url: str, 
     assert version.code == 0 and version.out.strip() == f"calltape {installed('calltape')}", version
     assert imported.code == 0 and imported.json()["imported"] == N, imported
     after, equals, middle = cli.many(
-        ["sessions", "--json", "--db", store_url],
-        ["sessions", f"--db={store_url}", "--json"],
+        ["sessions", "--json", "--db", store_url, "--limit", "0"],
+        ["sessions", f"--db={store_url}", "--json", "--limit", "0"],
         ["context", "--db", store_url, "call-global", "--at", "3"],
         db=False,
     )
