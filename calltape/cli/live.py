@@ -340,6 +340,13 @@ def serve(
     allow_unsigned: Annotated[
         bool, typer.Option("--allow-unsigned", help="Accept webhooks without a verifiable signature (local testing).")
     ] = False,
+    allow_after_resume: Annotated[
+        bool,
+        typer.Option(
+            "--allow-after-resume",
+            help="Record webhooks into a call even after `calltape resume` handed it to another agent.",
+        ),
+    ] = False,
     log_level: Annotated[
         str,
         typer.Option(
@@ -353,7 +360,8 @@ def serve(
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.
-    Runs until Ctrl-C. Needs the serve extra: pip install 'calltape[serve]'.
+    Webhooks of a call that was resumed since (`calltape resume`) are refused with 409 unless
+    --allow-after-resume. Runs until Ctrl-C. Needs the serve extra: pip install 'calltape[serve]'.
     """
     from calltape.extras import requires_extra
 
@@ -378,6 +386,7 @@ def serve(
             log_level=log_level,
             session_prefix=session_prefix,
             allow_unsigned=allow_unsigned,
+            allow_after_resume=allow_after_resume,
         )
 
 

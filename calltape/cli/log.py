@@ -44,6 +44,7 @@ from calltape.errors import CalltapeError
 if TYPE_CHECKING:
     from calltape.events import Event
     from calltape.eventstore import EventStore
+    from calltape.eventstore.bulk import ImportRefused
 
 BATCH = 5000
 QUICK_CHUNK = 5000
@@ -300,6 +301,19 @@ async def _all_stored(store: EventStore, sources: list[_Source], chunk: int) -> 
     return total, len(sessions)
 
 
+def _refusal(exc: ImportRefused, event: Event) -> str:
+    """Why the store refused an imported event, in the words of the import."""
+    from calltape.errors import FencedWrite
+
+    cause = exc.cause
+    if isinstance(cause, FencedWrite) and event.epoch is None:
+        return (
+            f"session '{cause.session}' was resumed (it is at epoch {cause.current}) after this event's writer "
+            "lost it, so the event was refused (--allow-after-resume imports it anyway)"
+        )
+    return f"the store refused this event: {exc}"
+
+
 def import_events(
     ctx: typer.Context,
     files: Annotated[
@@ -308,8 +322,19 @@ def import_events(
     ],
     batch: Annotated[int, typer.Option(min=1, help="Events per write inside the one import transaction.")] = BATCH,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON counts (imported, skipped, sessions).")] = False,
+    allow_after_resume: Annotated[
+        bool,
+        typer.Option(
+            "--allow-after-resume",
+            help="Import events without an epoch even into a session resumed since (not fenced).",
+        ),
+    ] = False,
 ) -> None:
     """Append events from JSONL files (plain or gzip) to the log, all or nothing.
+
+    Events without an epoch are fenced like a writer of epoch 1 (raised by a session.resumed in the
+    same import): once a session has been resumed, an old export or a late spill file cannot write
+    into it; --allow-after-resume imports them anyway.
 
     The whole import is one transaction: if any line is invalid, or the store refuses any event
     (a stale epoch, a second session.started), nothing is written and each bad line is reported
@@ -333,14 +358,14 @@ def import_events(
                 return 0, stored[0], stored[1]
             lines = 0
             with meter("importing", total_bytes) as bar:
-                async with bulk_import(store) as imp:
+                async with bulk_import(store, allow_after_resume=allow_after_resume) as imp:
                     for part in _batches(sources, batch, problems):
                         try:
                             await imp.add(part.events)
                         except ImportRefused as exc:
                             source, lineno = part.lines[exc.index]
                             raise CliError(
-                                f"{source.name}:{lineno}: the store refused this event: {exc}; nothing was imported"
+                                f"{source.name}:{lineno}: {_refusal(exc, part.events[exc.index])}; nothing was imported"
                             ) from None
                         lines += len(part.events)
                         if bar.shown:

@@ -47,8 +47,15 @@ def plan_append(
     rows: Mapping[str, SessionInfo],
     stored: Mapping[tuple[str, str], Event],
     expected_seq: int | None = None,
+    unmarked: dict[str, int] | None = None,
 ) -> AppendPlan:
-    """Decides what an append writes; raises before anything is written."""
+    """Decides what an append writes; raises before anything is written.
+
+    ``unmarked`` fences events that carry no epoch (an import's lines): each is judged as holding the
+    epoch its own write last established for its session (1, raised by every ``session.resumed`` the
+    write carries, stored or new), and is refused once the session's epoch is past that. The dict is
+    updated as the write goes, so one import keeps it across batches. ``None`` leaves them unfenced.
+    """
     for event in events:
         if not event.checked:
             ensure_checked(event)  # the store never writes an event that did not pass the boundary
@@ -78,21 +85,37 @@ def plan_append(
         key = (event.session, event.id)
         if not is_new:
             results.append(stored.get(key) or admitted[key])
+            if unmarked is not None and event.type == "session.resumed":
+                _raise_implied(unmarked, results[-1])
             continue
         row = changed.get(event.session)
         if row is None:
             row = changed[event.session] = replace(rows[event.session])
-        new = _admit(event, row)
+        implied = unmarked.get(event.session, 1) if unmarked is not None else None
+        new = _admit(event, row, implied)
+        if unmarked is not None and event.type == "session.resumed":
+            _raise_implied(unmarked, new)
         admitted[key] = new
         results.append(new)
         inserts.append(new)
     return AppendPlan(results, inserts, {s: r for s, r in changed.items() if r.last_seq != rows[s].last_seq})
 
 
-def _admit(event: Event, row: SessionInfo) -> Event:
-    """Checks one new event against its session and advances the session summary."""
-    if event.epoch is not None and event.epoch < row.epoch:
-        raise FencedWrite(row.session, event.epoch, row.epoch)
+def _raise_implied(unmarked: dict[str, int], resumed: Event) -> None:
+    """A write that carries a session's ``session.resumed`` holds that session's new epoch from there on."""
+    epoch = resumed.data.get("epoch")
+    if isinstance(epoch, int):
+        unmarked[resumed.session] = max(unmarked.get(resumed.session, 1), epoch)
+
+
+def _admit(event: Event, row: SessionInfo, implied: int | None = None) -> Event:
+    """Checks one new event against its session and advances the session summary.
+
+    ``implied`` is the epoch an event without one is judged by (``None``: such an event is not fenced).
+    """
+    held = event.epoch if event.epoch is not None else implied
+    if held is not None and held < row.epoch:
+        raise FencedWrite(row.session, held, row.epoch)
     data = event.data
     agent = event.agent if event.agent is not None else row.agent
     kind = event.type

@@ -80,10 +80,14 @@ class ImportCounts:
 class BulkImport(ABC):
     """One open import transaction; :meth:`add` batches, then leave the block to commit."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, allow_after_resume: bool = False) -> None:
         self.counts = ImportCounts()
         self._rows: dict[str, SessionInfo] = {}
         self._changed: dict[str, SessionInfo] = {}
+        # An imported event without an epoch holds the epoch its own file established for its session
+        # (1, raised by the file's session.resumed): a late spill file or an old export cannot write into
+        # a call that was resumed since. allow_after_resume opts out (such events are not fenced).
+        self._unmarked: dict[str, int] | None = None if allow_after_resume else {}
 
     async def add(self, events: Sequence[Event]) -> int:
         """Appends ``events`` inside the import transaction; returns how many were new.
@@ -98,10 +102,11 @@ class BulkImport(ABC):
         if fresh:
             self._rows.update(await self._lock_sessions(fresh))
         stored = await self._stored(events)
+        unmarked_before = dict(self._unmarked) if self._unmarked is not None else None
         try:
-            plan = plan_append(events, self._rows, stored)
+            plan = plan_append(events, self._rows, stored, unmarked=self._unmarked)
         except CalltapeError as exc:
-            raise ImportRefused(self._culprit(events, stored), exc) from None
+            raise ImportRefused(self._culprit(events, stored, unmarked_before), exc) from None
         if plan.inserts:
             await self._insert(plan.inserts)
         self._rows.update(plan.rows)
@@ -110,12 +115,14 @@ class BulkImport(ABC):
         self.counts.stored += len(events) - len(plan.inserts)
         return len(plan.inserts)
 
-    def _culprit(self, events: Sequence[Event], stored: dict[tuple[str, str], Event]) -> int:
+    def _culprit(
+        self, events: Sequence[Event], stored: dict[tuple[str, str], Event], unmarked: dict[str, int] | None
+    ) -> int:
         """The index of the first event the rules refuse (planned one by one; only on failure)."""
         rows = dict(self._rows)
         for index, event in enumerate(events):
             try:
-                plan = plan_append([event], rows, stored)
+                plan = plan_append([event], rows, stored, unmarked=unmarked)
             except CalltapeError:
                 return index
             rows.update(plan.rows)
@@ -171,8 +178,8 @@ def _stored_event(r: Sequence[Any]) -> Event:
 
 
 class _SqliteImport(BulkImport):
-    def __init__(self, conn: Any) -> None:
-        super().__init__()
+    def __init__(self, conn: Any, *, allow_after_resume: bool = False) -> None:
+        super().__init__(allow_after_resume=allow_after_resume)
         self.conn = conn
 
     async def _lock_sessions(self, sessions: list[str]) -> dict[str, SessionInfo]:
@@ -281,8 +288,8 @@ _PG_COPY_COLUMNS = ["session", "seq", "id", "type", "at_ms", "agent", "epoch", "
 
 
 class _PostgresImport(BulkImport):
-    def __init__(self, conn: Any) -> None:
-        super().__init__()
+    def __init__(self, conn: Any, *, allow_after_resume: bool = False) -> None:
+        super().__init__(allow_after_resume=allow_after_resume)
         self.conn = conn
 
     async def _lock_sessions(self, sessions: list[str]) -> dict[str, SessionInfo]:
@@ -310,9 +317,13 @@ class _PostgresImport(BulkImport):
 
 
 @contextlib.asynccontextmanager
-async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
+async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) -> AsyncIterator[BulkImport]:
     """``async with bulk_import(store) as imp: await imp.add(batch) ...``: one transaction for all
-    batches; committed when the block ends normally, rolled back (nothing written) when it raises."""
+    batches; committed when the block ends normally, rolled back (nothing written) when it raises.
+
+    Events without an epoch are fenced: each holds the epoch the import itself established for its
+    session (1, raised by a ``session.resumed`` in the import), so they are refused once the session
+    was resumed past that. ``allow_after_resume=True`` writes them anyway (an explicit opt-out)."""
     engine = getattr(store, "engine", None)
     if engine is None:
         raise CalltapeError(f"bulk import is not available for a {type(store).__name__}")
@@ -334,7 +345,7 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
                         raise
                     await asyncio.sleep(0.1)
             try:
-                sqlite_import = _SqliteImport(conn)
+                sqlite_import = _SqliteImport(conn, allow_after_resume=allow_after_resume)
                 try:
                     yield sqlite_import
                     await sqlite_import.finish()
@@ -351,7 +362,7 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
         assert driver is not None
         try:
             async with driver.transaction():
-                pg_import = _PostgresImport(driver)
+                pg_import = _PostgresImport(driver, allow_after_resume=allow_after_resume)
                 yield pg_import
                 await pg_import.finish()
         except BaseException:

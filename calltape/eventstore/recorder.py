@@ -361,8 +361,14 @@ class Recorder:
                 if self._finished >= target and not future.done():
                     future.set_result(None)
 
-    def session(self, session: str, *, agent: str | None = None, epoch: int | None = None) -> SessionTape:
-        """A writer for one session: events made with its agent and epoch (the fencing token)."""
+    def session(self, session: str, *, agent: str | None = None, epoch: int | None = 1) -> SessionTape:
+        """A writer for one session: events made with its agent and epoch (the fencing token).
+
+        ``epoch`` defaults to 1, the epoch ``session.started`` opens: the agent that started the call.
+        Once the session is resumed (its epoch moves past the tape's), the tape's events are refused and
+        go to ``on_rejected``. After a resume, pass the plan's epoch. ``epoch=None`` opts out of
+        fencing: the tape's events carry no epoch and are written even after a resume.
+        """
         return SessionTape(self, session, agent=agent, epoch=epoch)
 
     # -- writing -----------------------------------------------------------------------------
@@ -507,9 +513,12 @@ class Recorder:
 
 
 class SessionTape:
-    """One session's writer handle: fills in the session, the agent and the writer's epoch."""
+    """One session's writer handle: fills in the session, the agent and the writer's epoch.
 
-    def __init__(self, recorder: Recorder, session: str, *, agent: str | None = None, epoch: int | None = None):
+    The epoch defaults to 1 (see :meth:`Recorder.session`); ``None`` writes unfenced.
+    """
+
+    def __init__(self, recorder: Recorder, session: str, *, agent: str | None = None, epoch: int | None = 1):
         self.recorder = recorder
         self.session = session
         self.agent = agent

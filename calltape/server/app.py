@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -74,6 +74,10 @@ class ReceiverConfig:
     """Open connections the server keeps at most; more are refused at once."""
     retell_llm: RetellLLMEndpoint | None = None
     """Mounts the Retell custom-LLM WebSocket (the application's LLM behind it)."""
+    allow_after_resume: bool = False
+    """Write webhooks into a call even after it was resumed. By default the receiver writes as the
+    call's first writer (epoch 1): once ``calltape resume`` hands the call to another agent, a late
+    webhook of the old call is refused (409), never mixed into the resumed call."""
 
 
 class _Reject(Exception):
@@ -151,7 +155,18 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             return 0
         info = await store.session_info(events[0].session)
         before = info.last_seq if info is not None else 0
-        stored = await store.append(events)
+        if not cfg.allow_after_resume:
+            # The platform's call is the session's first writer: epoch 1, checked by the store under
+            # the session's lock, so a resume that lands between the read above and this write still wins.
+            events = [e if e.epoch is not None else replace(e, epoch=1) for e in events]
+        try:
+            stored = await store.append(events)
+        except FencedWrite as exc:
+            raise _Reject(
+                409,
+                f"the call was resumed by another agent (session '{exc.session}' is at epoch {exc.current}), "
+                "so this webhook was not recorded",
+            ) from None
         return sum(1 for e in stored if (e.seq or 0) > before)
 
     async def vapi_route(body: bytes, request: Request) -> dict[str, Any]:
