@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -31,7 +32,7 @@ from bench.append import sustained
 from bench.db import plain_dsn, scratch_database
 from bench.stats import latency_summary, percentile
 from bench.workload import call_timeline
-from calltape.eventstore import EventStore, open_store
+from calltape.eventstore import EventStore, SessionInfo, open_store
 
 DAY_MS = 86_400_000
 PRUNE_AGE = "30d"
@@ -84,19 +85,7 @@ async def seed_postgres(url: str, sessions: int, per: int) -> int:
     return n
 
 
-_SESSION_COLUMNS = [
-    "session",
-    "agent",
-    "tenant",
-    "modality",
-    "framework",
-    "status",
-    "last_seq",
-    "epoch",
-    "first_at_ms",
-    "last_at_ms",
-    "started",
-]
+_SESSION_COLUMNS = [f.name for f in dataclasses.fields(SessionInfo)]
 
 
 def seed_sqlite(path: Path, sessions: int, per: int) -> int:

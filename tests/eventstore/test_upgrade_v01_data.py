@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
+from eventstore_support import at_revision
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from calltape.events import make_event
 from calltape.eventstore import open_store, resolve_url, upgrade
-from calltape.migrations import alembic_config, head_revision
+from calltape.migrations import head_revision
 from calltape.projections import build_context
 from calltape.runtime import resume
 
@@ -28,18 +29,10 @@ V01_EVENTS: list[tuple[str, dict[str, Any]]] = [
 
 async def _a_v01_database_with_a_call(url: str, session: str) -> None:
     """Migrates only to revision 0001 and writes a call there with plain SQL, as v0.1 stored it."""
-    from alembic import command
-
+    await at_revision(url, "0001")
     engine = create_async_engine(resolve_url(url))
     try:
         async with engine.begin() as conn:
-
-            def migrate(sync_conn: Any) -> None:
-                cfg = alembic_config()
-                cfg.attributes["connection"] = sync_conn
-                command.upgrade(cfg, "0001")
-
-            await conn.run_sync(migrate)
             data = "CAST(:data AS jsonb)" if conn.dialect.name == "postgresql" else ":data"
             for seq, (kind, body) in enumerate(V01_EVENTS, start=1):
                 await conn.execute(
