@@ -30,14 +30,14 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from calltape.adapters.pipecat.live import LiveReconciler
 from calltape.adapters.pipecat.shared import Shared, consume, jsonable, shared
 from calltape.errors import CalltapeError
-from calltape.runtime import ToolOutcome, ToolSpec
+from calltape.runtime import LiveCall, ToolOutcome, ToolSpec
 
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
 
 _GUARDED_LLMS: dict[int, Any] = {}
 
 
-def guard(llm: LLMService, call: Any, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
+def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
     """Puts every tool of ``llm`` under calltape: from now on ``llm.register_function(name, handler,
     ...)`` registers a guarded handler (``spec=`` is accepted there too; else ``specs[name]``, then
     ``call.tools[name]``, then the defaults).
@@ -109,7 +109,7 @@ def unguarded_tools(llm: LLMService) -> set[str]:
 
 def register_function(
     llm: LLMService,
-    call: Any,
+    call: LiveCall,
     function_name: str,
     handler: Handler,
     *,
@@ -146,7 +146,7 @@ def register_function(
 
 def _register(
     register: Callable[..., Any],
-    call: Any,
+    call: LiveCall,
     function_name: str,
     handler: Any,
     *,
@@ -182,7 +182,7 @@ class GuardedFunction:
     # How long to wait for the observer to announce a call before recording it without its reply.
     ANNOUNCE_WAIT = 0.5
 
-    def __init__(self, call: Any, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
+    def __init__(self, call: LiveCall, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
         self.call = call
         self.shared = state
         self.name = name
