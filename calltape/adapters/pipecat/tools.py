@@ -94,7 +94,12 @@ def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | No
 
 
 def unguarded_tools(llm: LLMService) -> set[str]:
-    """Tools registered on ``llm`` that run unguarded (Pipecat keeps no public list; read its registry)."""
+    """Tools registered on ``llm`` that run unguarded.
+
+    The adapter's one read of a Pipecat private: Pipecat 1.10 to 1.14 offer ``has_function(name)``
+    (true for every name once a catch-all is registered) but no list of what is registered, and the
+    loud error for a tool registered before :func:`guard` needs the names. A Pipecat without the
+    registry yields no names, so the check is skipped rather than failing the call."""
     registry = getattr(llm, "_functions", None)
     if not isinstance(registry, Mapping):
         return set()
