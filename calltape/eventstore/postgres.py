@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, SessionNotFound, StoreUnavailable
-from calltape.events import Event, load_stored, now_ms
+from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
+from calltape.events import Event, load_stored
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
-from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, Tombstone
-from calltape.gcpause import gc_paused
+from calltape.eventstore.queries import Db, Query, SqlEventStore
+from calltape.eventstore.store import ChangeWaiter, FeedPosition
 
 CHANNEL = "calltape_events"
 
@@ -97,7 +97,33 @@ def _columns(rows: Sequence[Any], names: Sequence[str]) -> list[list[Any]]:
     return [[getattr(r, n) for r in rows] for n in names]
 
 
-class PostgresEventStore(EventStore):
+def _rowcount(status: str) -> int:
+    """Rows changed, from a command status such as ``DELETE 3`` or ``INSERT 0 3``."""
+    return int(status.rsplit(" ", 1)[1])
+
+
+class _PgDb(Db):
+    """Compiled queries on the asyncpg connection under SQLAlchemy's pool."""
+
+    def __init__(self, conn: asyncpg.Connection, dialect: Dialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        sql, args = query.bind(self.dialect, params)
+        return await self.conn.fetch(sql, *args)  # type: ignore[no-any-return]
+
+    async def execute(self, query: Query, **params: Any) -> int:
+        sql, args = query.bind(self.dialect, params)
+        return _rowcount(await self.conn.execute(sql, *args))
+
+    async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
+        binds = [query.bind(self.dialect, r) for r in rows]
+        if binds:
+            await self.conn.executemany(binds[0][0], [args for _, args in binds])
+
+
+class PostgresEventStore(SqlEventStore):
     """The PostgreSQL event log: the feed ordered by ``(txid, pos)``, LISTEN/NOTIFY wake-ups."""
 
     dialect = "postgresql"
@@ -118,6 +144,15 @@ class PostgresEventStore(EventStore):
                 if is_disconnect(exc) or conn.is_closed():
                     await sa_conn.invalidate()  # never hand a dead connection to the next caller
                 raise
+
+    @contextlib.asynccontextmanager
+    async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
+        async with self._connection() as conn:
+            if not write:
+                yield _PgDb(conn, self.engine.dialect)
+                return
+            async with conn.transaction():
+                yield _PgDb(conn, self.engine.dialect)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -179,70 +214,6 @@ class PostgresEventStore(EventStore):
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
-    ) -> list[Event]:
-        async with self._connection() as conn:
-            rows = await conn.fetch(
-                "SELECT seq, id, type, at_ms, agent, epoch, data::text FROM ct_events "
-                "WHERE session = $1 AND seq > $2 AND ($3::int IS NULL OR seq <= $3) ORDER BY seq LIMIT $4",
-                session,
-                after_seq,
-                to_seq,
-                limit,
-            )
-        loads = orjson.loads
-        with gc_paused(len(rows)):
-            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
-
-    async def seq_at_time(self, session: str, at_ms: int) -> int:
-        async with self._connection() as conn:
-            row = await conn.fetchrow(
-                "SELECT (SELECT min(seq) FROM ct_events WHERE session = $1 AND at_ms > $2) AS first_after, "
-                "(SELECT last_seq FROM ct_sessions WHERE session = $1) AS last_seq",
-                session,
-                at_ms,
-            )
-        assert row is not None
-        if row["first_after"] is not None:
-            return int(row["first_after"]) - 1
-        return int(row["last_seq"] or 0)
-
-    async def session_info(self, session: str) -> SessionInfo | None:
-        async with self._connection() as conn:
-            row = await conn.fetchrow(f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session = $1", session)
-        return SessionInfo(**dict(row)) if row is not None and row["last_seq"] > 0 else None
-
-    async def sessions(
-        self,
-        *,
-        agent: str | None = None,
-        tenant: str | None = None,
-        status: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        order: str = "last_at",
-        descending: bool = True,
-        limit: int | None = None,
-    ) -> list[SessionInfo]:
-        column = SESSION_ORDER[order]
-        direction = "DESC" if descending else "ASC"
-        async with self._connection() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE last_seq > 0 "
-                "AND ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR tenant = $2) "
-                "AND ($3::text IS NULL OR status = $3) AND ($4::bigint IS NULL OR last_at_ms >= $4) "
-                "AND ($5::bigint IS NULL OR first_at_ms <= $5) "
-                f"ORDER BY {column} {direction} NULLS LAST, session LIMIT $6",
-                agent,
-                tenant,
-                status,
-                since_ms,
-                until_ms,
-                limit,
-            )
-        return [SessionInfo(**dict(r)) for r in rows]
-
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
@@ -261,71 +232,6 @@ class PostgresEventStore(EventStore):
 
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url)
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    async def erase(self, session: str) -> int:
-        async with self._connection() as conn, conn.transaction():
-            exists = await conn.fetchval("SELECT 1 FROM ct_sessions WHERE session = $1 FOR UPDATE", session)
-            if exists is None:
-                if await conn.fetchval("SELECT 1 FROM ct_tombstones WHERE session = $1", session) is None:
-                    raise SessionNotFound(session)
-                return 0
-            status = await conn.execute("DELETE FROM ct_events WHERE session = $1", session)
-            count = int(status.rsplit(" ", 1)[1])
-            await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
-            await conn.execute("DELETE FROM ct_sessions WHERE session = $1", session)
-            await conn.execute(
-                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES ($1, $2, $3) "
-                "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + EXCLUDED.events",
-                session,
-                now_ms(),
-                count,
-            )
-            return count
-
-    async def tombstone(self, session: str) -> Tombstone | None:
-        async with self._connection() as conn:
-            row = await conn.fetchrow(
-                "SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = $1", session
-            )
-        return Tombstone(row[0], row[1], row[2]) if row is not None else None
-
-    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        async with self._connection() as conn, conn.transaction():
-            await conn.executemany(
-                "UPDATE ct_events SET data = $3::jsonb WHERE session = $1 AND seq = $2",
-                [(session, seq, orjson.dumps(data).decode()) for seq, data in changes],
-            )
-            await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
-
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        async with self._connection() as conn:
-            await conn.execute(
-                "INSERT INTO ct_snapshots (session, version, seq, state, created_at_ms) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                session,
-                version,
-                seq,
-                state,
-                now_ms(),
-            )
-
-    async def load_snapshot(
-        self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None:
-        async with self._connection() as conn:
-            row = await conn.fetchrow(
-                "SELECT seq, state FROM ct_snapshots WHERE session = $1 AND version = $2 "
-                "AND ($3::int IS NULL OR seq <= $3) ORDER BY seq DESC LIMIT 1",
-                session,
-                version,
-                max_seq,
-            )
-        return (row["seq"], bytes(row["state"])) if row else None
-
-    async def close(self) -> None:
-        await self.engine.dispose()
 
 
 class _NotifyWaiter(ChangeWaiter):

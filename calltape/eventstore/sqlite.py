@@ -8,19 +8,18 @@ transaction ids here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from calltape.errors import SessionNotFound
-from calltape.events import Event, now_ms
+from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
-from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter, Tombstone
-from calltape.gcpause import gc_paused
+from calltape.eventstore.queries import Db, Query, SqlEventStore
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
 
 _SESSION_FIELDS = (
     "session",
@@ -77,7 +76,28 @@ def _info(row: Any) -> SessionInfo:
     return SessionInfo(**values)
 
 
-class SqliteEventStore(EventStore):
+class _SqliteDb(Db):
+    """Compiled queries through SQLAlchemy's driver-level execute on an open transaction."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self.dialect = conn.dialect
+
+    async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        sql, args = query.bind(self.dialect, params)
+        return (await self.conn.exec_driver_sql(sql, args)).all()
+
+    async def execute(self, query: Query, **params: Any) -> int:
+        sql, args = query.bind(self.dialect, params)
+        return int((await self.conn.exec_driver_sql(sql, args)).rowcount)
+
+    async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
+        binds = [query.bind(self.dialect, r) for r in rows]
+        if binds:
+            await self.conn.exec_driver_sql(binds[0][0], [args for _, args in binds])
+
+
+class SqliteEventStore(SqlEventStore):
     """The embedded SQLite event log: writers take the lock up front, so ``pos`` is commit order."""
 
     dialect = "sqlite"
@@ -94,7 +114,12 @@ class SqliteEventStore(EventStore):
             async with conn.begin():
                 yield conn
 
-    async def _fetch(self, sql: str, *params: Any) -> list[Any]:
+    @contextlib.asynccontextmanager
+    async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
+        async with self._connection(write=write) as conn:
+            yield _SqliteDb(conn)
+
+    async def _fetch_sql(self, sql: str, *params: Any) -> list[Any]:
         async with self._connection() as conn:
             return list((await conn.exec_driver_sql(sql, params)).all())
 
@@ -170,71 +195,11 @@ class SqliteEventStore(EventStore):
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
-    ) -> list[Event]:
-        rows = await self._fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM ct_events WHERE session = ? AND seq > ? "
-            "AND (? IS NULL OR seq <= ?) ORDER BY seq LIMIT ?",
-            session,
-            after_seq,
-            to_seq,
-            to_seq,
-            -1 if limit is None else limit,
-        )
-        with gc_paused(len(rows)):
-            return [_event(r) for r in rows]
-
-    async def seq_at_time(self, session: str, at_ms: int) -> int:
-        rows = await self._fetch(
-            "SELECT (SELECT min(seq) FROM ct_events WHERE session = ? AND at_ms > ?), "
-            "(SELECT last_seq FROM ct_sessions WHERE session = ?)",
-            session,
-            at_ms,
-            session,
-        )
-        first_after, last_seq = rows[0]
-        return int(first_after) - 1 if first_after is not None else int(last_seq or 0)
-
-    async def session_info(self, session: str) -> SessionInfo | None:
-        rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session = ? AND last_seq > 0", session
-        )
-        return _info(rows[0]) if rows else None
-
-    async def sessions(
-        self,
-        *,
-        agent: str | None = None,
-        tenant: str | None = None,
-        status: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        order: str = "last_at",
-        descending: bool = True,
-        limit: int | None = None,
-    ) -> list[SessionInfo]:
-        column = SESSION_ORDER[order]
-        direction = "DESC" if descending else "ASC"
-        rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE last_seq > 0 "
-            "AND (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR status = ?3) "
-            "AND (?4 IS NULL OR last_at_ms >= ?4) AND (?5 IS NULL OR first_at_ms <= ?5) "
-            f"ORDER BY {column} IS NULL, {column} {direction}, session LIMIT ?6",
-            agent,
-            tenant,
-            status,
-            since_ms,
-            until_ms,
-            -1 if limit is None else limit,
-        )
-        return [_info(r) for r in rows]
-
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
         pos = (after or FeedPosition(0, 0)).pos
-        rows = await self._fetch(
+        rows = await self._fetch_sql(
             f"SELECT pos, {_EVENT_COLUMNS} FROM ct_events WHERE pos > ?1 AND (?2 IS NULL OR session = ?2) "
             "ORDER BY pos LIMIT ?3",
             pos,
@@ -244,65 +209,8 @@ class SqliteEventStore(EventStore):
         return [(FeedPosition(0, r[0]), _event(r[1:])) for r in rows]
 
     async def head(self) -> FeedPosition:
-        rows = await self._fetch("SELECT max(pos) FROM ct_events")
+        rows = await self._fetch_sql("SELECT max(pos) FROM ct_events")
         return FeedPosition(0, rows[0][0] or 0)
 
     def change_waiter(self) -> ChangeWaiter:
         return SleepWaiter()
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    async def erase(self, session: str) -> int:
-        async with self._connection(write=True) as conn:
-            exists = (await conn.exec_driver_sql("SELECT 1 FROM ct_sessions WHERE session = ?", (session,))).first()
-            if exists is None:
-                tomb = (await conn.exec_driver_sql("SELECT 1 FROM ct_tombstones WHERE session = ?", (session,))).first()
-                if tomb is None:
-                    raise SessionNotFound(session)
-                return 0
-            result = await conn.exec_driver_sql("DELETE FROM ct_events WHERE session = ?", (session,))
-            count = int(result.rowcount)
-            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
-            await conn.exec_driver_sql("DELETE FROM ct_sessions WHERE session = ?", (session,))
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES (?, ?, ?) "
-                "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + excluded.events",
-                (session, now_ms(), count),
-            )
-            return count
-
-    async def tombstone(self, session: str) -> Tombstone | None:
-        rows = await self._fetch("SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = ?", session)
-        return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
-
-    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        async with self._connection(write=True) as conn:
-            for seq, data in changes:
-                await conn.exec_driver_sql(
-                    "UPDATE ct_events SET data = ? WHERE session = ? AND seq = ?",
-                    (orjson.dumps(data).decode(), session, seq),
-                )
-            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
-
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        async with self._connection(write=True) as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_snapshots (session, version, seq, state, created_at_ms) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (session, version, seq, state, now_ms()),
-            )
-
-    async def load_snapshot(
-        self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None:
-        rows = await self._fetch(
-            "SELECT seq, state FROM ct_snapshots WHERE session = ?1 AND version = ?2 "
-            "AND (?3 IS NULL OR seq <= ?3) ORDER BY seq DESC LIMIT 1",
-            session,
-            version,
-            max_seq,
-        )
-        return (rows[0][0], bytes(rows[0][1])) if rows else None
-
-    async def close(self) -> None:
-        await self.engine.dispose()
