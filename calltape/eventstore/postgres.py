@@ -13,63 +13,64 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
-import orjson
+from sqlalchemy import Column
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
-from calltape.events import Event, load_stored
+from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
-from calltape.eventstore.queries import Db, Query, SqlEventStore
+from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
+from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
+from calltape.eventstore.writer import AppendWriter, Key
 
 CHANNEL = "calltape_events"
 
-_SESSION_COLUMNS = (
-    "session, agent, tenant, modality, framework, status, last_seq, epoch, first_at_ms, last_at_ms, started"
-)
 
-_SESSION_FIELDS = _SESSION_COLUMNS.split(", ")
+def _names(columns: Sequence[Column[Any]]) -> str:
+    return ", ".join(c.name for c in columns)
 
+
+def _arrays(columns: Sequence[Column[Any]], first: int = 1) -> str:
+    """``unnest`` arguments: one array parameter per column, typed from the table."""
+    dialect = PGDialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it unannotated
+    return ", ".join(f"${first + i}::{c.type.compile(dialect)}[]" for i, c in enumerate(columns))
+
+
+# Whole columns travel as arrays (``unnest``): one round trip and one parse per batch, whatever its size.
 _LOCK_SESSIONS = f"""
 INSERT INTO ct_sessions (session, status, last_seq, epoch)
 SELECT s, 'active', 0, 1 FROM unnest($1::text[]) AS s ORDER BY s
 ON CONFLICT (session) DO UPDATE SET session = EXCLUDED.session
-RETURNING {_SESSION_COLUMNS}
+RETURNING {_names(SESSION_COLUMNS)}
 """
 
-_INSERT_EVENTS = """
-INSERT INTO ct_events (session, seq, id, type, at_ms, agent, epoch, data)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[],
-                     $8::jsonb[])
+_INSERT_EVENTS = f"""
+INSERT INTO ct_events ({_names(EVENT_COLUMNS)})
+SELECT * FROM unnest({_arrays(EVENT_COLUMNS)})
 ON CONFLICT (session, id) DO NOTHING
 """
 
 _UPDATE_SESSIONS = f"""
 WITH v AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::int[], $8::int[], $9::bigint[], $10::bigint[], $11::bool[])
-        AS v({_SESSION_COLUMNS})
+    SELECT * FROM unnest({_arrays(SESSION_COLUMNS)}) AS v({_names(SESSION_COLUMNS)})
 ), u AS (
-    UPDATE ct_sessions s SET agent = v.agent, tenant = v.tenant, modality = v.modality,
-        framework = v.framework, status = v.status, last_seq = v.last_seq, epoch = v.epoch,
-        first_at_ms = v.first_at_ms, last_at_ms = v.last_at_ms, started = v.started
+    UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
     FROM v WHERE s.session = v.session
 )
 SELECT pg_notify('{CHANNEL}', '')
 """
 
-_FIND_STORED = """
-SELECT session, seq, id, type, at_ms, agent, epoch, data::text
-FROM ct_events e JOIN unnest($1::text[], $2::text[]) AS k(session, id) USING (session, id)
-"""
-
-_EVENT_COLUMNS = "session, seq, id, type, at_ms, agent, epoch, data::text AS data"
-_COPY_COLUMNS = ["session", "seq", "id", "type", "at_ms", "agent", "epoch", "data"]
+_KEYS = "unnest($1::text[], $2::text[]) AS k(session, id) USING (session, id)"
+_FIND_STORED = f"SELECT {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events JOIN {_KEYS}"
+_FIND_STORED_KEYS = f"SELECT session, id FROM ct_events JOIN {_KEYS}"
+_COPY_COLUMNS = [c.name for c in EVENT_COLUMNS]
 
 _FEED = f"""
-SELECT txid::text::bigint AS txid, pos, {_EVENT_COLUMNS} FROM ct_events
+SELECT txid::text::bigint AS txid, pos, {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events
 WHERE (txid, pos) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot())
   AND ($4::text IS NULL OR session = $4)
 ORDER BY txid, pos LIMIT $3
@@ -78,23 +79,6 @@ ORDER BY txid, pos LIMIT $3
 
 class _StoredDuplicate(Exception):
     """The optimistic insert met an id the session already has: replan with the stored events."""
-
-
-def _row_to_event(r: Any) -> Event:
-    return load_stored(
-        session=r["session"],
-        seq=r["seq"],
-        id=r["id"],
-        type=r["type"],
-        at_ms=r["at_ms"],
-        agent=r["agent"],
-        epoch=r["epoch"],
-        data=r["data"],
-    )
-
-
-def _columns(rows: Sequence[Any], names: Sequence[str]) -> list[list[Any]]:
-    return [[getattr(r, n) for r in rows] for n in names]
 
 
 def _rowcount(status: str) -> int:
@@ -121,6 +105,38 @@ class _PgDb(Db):
         binds = [query.bind(self.dialect, r) for r in rows]
         if binds:
             await self.conn.executemany(binds[0][0], [args for _, args in binds])
+
+
+class PgWriter(AppendWriter):
+    """The append's steps on PostgreSQL: arrays in, COPY for the rows."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
+        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions)}
+
+    async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
+        rows = await self.conn.fetch(_FIND_STORED, [k[0] for k in keys], [k[1] for k in keys])
+        return {(r[0], r[2]): to_event(r) for r in rows}
+
+    async def stored_keys(self, keys: Sequence[Key]) -> set[Key]:
+        rows = await self.conn.fetch(_FIND_STORED_KEYS, [k[0] for k in keys], [k[1] for k in keys])
+        return {(r[0], r[1]) for r in rows}
+
+    async def insert(self, events: Sequence[Event]) -> None:
+        # COPY is the cheapest way in; a stored duplicate id aborts it (unique violation).
+        rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
+        await self.conn.copy_records_to_table("ct_events", records=rows, columns=_COPY_COLUMNS)
+
+    async def insert_new(self, events: Sequence[Event]) -> int:
+        """Inserts, skipping ids already stored; returns how many were written."""
+        columns = [[getattr(e, c) for e in events] for c in _COPY_COLUMNS[:-1]]
+        columns.append([dumps_data(e.data) for e in events])
+        return _rowcount(await self.conn.execute(_INSERT_EVENTS, *columns))
+
+    async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
+        await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS))
 
 
 class PostgresEventStore(SqlEventStore):
@@ -162,55 +178,27 @@ class PostgresEventStore(SqlEventStore):
         events = self._redact(events)
         sessions = sorted({e.session for e in events})
         async with self._connection() as conn:
+            writer = PgWriter(conn)
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
             # an insert that met a stored id, or a rule that failed — is decided again, for real,
             # with the stored events looked up under the same session locks.
             for attempt in range(2):
                 try:
                     async with conn.transaction():
-                        locked = await conn.fetch(_LOCK_SESSIONS, sessions)
-                        rows = {r["session"]: SessionInfo(**dict(r)) for r in locked}
-                        stored: dict[tuple[str, str], Event] = {}
-                        if attempt:
-                            found = await conn.fetch(_FIND_STORED, [e.session for e in events], [e.id for e in events])
-                            stored = {(r["session"], r["id"]): _row_to_event(r) for r in found}
+                        rows = await writer.lock_sessions(sessions)
+                        stored = await writer.lookup(events, rows) if attempt else {}
                         plan = plan_append(events, rows, stored, expected_seq)
                         if plan.inserts:
-                            if attempt:
-                                status = await conn.execute(_INSERT_EVENTS, *self._event_columns(plan.inserts))
-                                if int(status.rsplit(" ", 1)[1]) != len(plan.inserts):
-                                    raise _StoredDuplicate
-                            else:
-                                # COPY is the cheapest way in; a stored duplicate id aborts it
-                                # (unique violation) and attempt 1 decides again with the lookup.
-                                await conn.copy_records_to_table(
-                                    "ct_events", records=self._event_rows(plan.inserts), columns=_COPY_COLUMNS
-                                )
-                            changed = list(plan.rows.values())
-                            await conn.execute(_UPDATE_SESSIONS, *_columns(changed, _SESSION_FIELDS))
+                            if not attempt:
+                                await writer.insert(plan.inserts)
+                            elif await writer.insert_new(plan.inserts) != len(plan.inserts):
+                                raise _StoredDuplicate
+                            await writer.update_sessions(list(plan.rows.values()))
                     return plan.results
                 except (_StoredDuplicate, asyncpg.UniqueViolationError, InvalidEvent, FencedWrite, ConcurrencyConflict):
                     if attempt:
                         raise
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-        dumps = orjson.dumps
-        return [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps(e.data).decode()) for e in events]
-
-    @staticmethod
-    def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
-        return [
-            [e.session for e in events],
-            [e.seq for e in events],
-            [e.id for e in events],
-            [e.type for e in events],
-            [e.at_ms for e in events],
-            [e.agent for e in events],
-            [e.epoch for e in events],
-            [orjson.dumps(e.data).decode() for e in events],
-        ]
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -220,7 +208,7 @@ class PostgresEventStore(SqlEventStore):
         after = after or FeedPosition(0, 0)
         async with self._connection() as conn:
             rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session)
-        return [(FeedPosition(r["txid"], r["pos"]), _row_to_event(r)) for r in rows]
+        return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
 
     async def head(self) -> FeedPosition:
         # Not the newest row: a transaction still in flight may hold a lower txid, and its events would

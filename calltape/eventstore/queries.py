@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import ClauseElement
 
 from calltape.errors import SessionNotFound
-from calltape.events import Event, now_ms
+from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.schema import SESSION_COLUMNS, events, sessions, snapshots, tombstones
 from calltape.eventstore.store import EventStore, Tombstone
@@ -99,17 +99,8 @@ def to_session_info(row: Sequence[Any]) -> SessionInfo:
 
 def to_event(row: Sequence[Any]) -> Event:
     """A stored event from a row of :data:`EVENT_SELECT`'s columns."""
-    data = row[7]
-    return Event(
-        type=row[3],
-        data=orjson.loads(data) if isinstance(data, (str, bytes)) else data,
-        session=row[0],
-        id=row[2],
-        at_ms=row[4],
-        agent=row[5],
-        epoch=row[6],
-        seq=row[1],
-        checked=True,
+    return load_stored(
+        session=row[0], seq=row[1], id=row[2], type=row[3], at_ms=row[4], agent=row[5], epoch=row[6], data=row[7]
     )
 
 

@@ -2,7 +2,8 @@
 
 Writers take the database lock up front (``BEGIN IMMEDIATE``), so appends from several processes
 serialize instead of failing on a lock upgrade, and ``pos`` order is commit order: the feed needs no
-transaction ids here.
+transaction ids here. Sets of keys travel as one JSON array (``json_each``), so a lookup is one
+statement whatever its size, with no limit on the number of parameters.
 """
 
 from __future__ import annotations
@@ -12,30 +13,26 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
+from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy import event as sa_event
+from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from calltape.events import Event
-from calltape.eventstore.append_plan import SessionInfo, plan_append
+from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
-from calltape.eventstore.queries import Db, Query, SqlEventStore
-from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
-
-_SESSION_FIELDS = (
-    "session",
-    "agent",
-    "tenant",
-    "modality",
-    "framework",
-    "status",
-    "last_seq",
-    "epoch",
-    "first_at_ms",
-    "last_at_ms",
-    "started",
+from calltape.eventstore.queries import (
+    EVENT_SELECT,
+    Db,
+    Query,
+    SqlEventStore,
+    dumps_data,
+    to_event,
+    to_session_info,
 )
-_SESSION_COLUMNS = ", ".join(_SESSION_FIELDS)
-_EVENT_COLUMNS = "session, seq, id, type, at_ms, agent, epoch, data"
+from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS, events, sessions
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
+from calltape.eventstore.writer import AppendWriter, Key
 
 
 def configure_engine(engine: AsyncEngine) -> None:
@@ -58,27 +55,7 @@ def configure_engine(engine: AsyncEngine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _event(row: Any) -> Event:
-    return Event(
-        type=row[3],
-        data=orjson.loads(row[7]),
-        session=row[0],
-        id=row[2],
-        at_ms=row[4],
-        agent=row[5],
-        epoch=row[6],
-        seq=row[1],
-        checked=True,
-    )
-
-
-def _info(row: Any) -> SessionInfo:
-    values = dict(zip(_SESSION_FIELDS, row, strict=True))
-    values["started"] = bool(values["started"])
-    return SessionInfo(**values)
-
-
-class _SqliteDb(Db):
+class SqliteDb(Db):
     """Compiled queries through SQLAlchemy's driver-level execute on an open transaction."""
 
     def __init__(self, conn: AsyncConnection) -> None:
@@ -99,6 +76,98 @@ class _SqliteDb(Db):
             await self.conn.exec_driver_sql(binds[0][0], [args for _, args in binds])
 
 
+def _in_json(name: str) -> Any:
+    """The values of a JSON array parameter, as a subquery for ``IN``."""
+    return select(func.json_each(bindparam(name)).table_valued("value").c.value)
+
+
+def _id_in(names: str) -> ColumnElement[bool]:
+    return (events.c.session == bindparam("session")) & events.c.id.in_(_in_json(names))
+
+
+_ENSURE_SESSIONS = Query(
+    lambda _: (
+        insert(sessions)
+        .values(session=bindparam("session"), status="active", last_seq=0, epoch=1, started=False)
+        .on_conflict_do_nothing()
+    )
+)
+_SESSIONS_IN = Query(lambda _: select(*SESSION_COLUMNS).where(sessions.c.session.in_(_in_json("sessions"))))
+_STORED = Query(lambda _: select(*EVENT_SELECT).where(_id_in("ids")))
+_STORED_KEYS = Query(lambda _: select(events.c.session, events.c.id).where(_id_in("ids")))
+_INSERT_EVENTS = Query(lambda _: insert(events).values({c.name: bindparam(c.name) for c in EVENT_COLUMNS}))
+_UPDATE_SESSIONS = Query(
+    lambda _: (
+        update(sessions)
+        .where(sessions.c.session == bindparam("b_session"))
+        .values({c.name: bindparam(c.name) for c in SESSION_COLUMNS[1:]})
+    )
+)
+
+
+def _by_session(keys: Sequence[Key]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for session, id_ in keys:
+        found.setdefault(session, []).append(id_)
+    return found
+
+
+class SqliteWriter(AppendWriter):
+    """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, db: SqliteDb) -> None:
+        self.db = db
+
+    async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
+        await self.db.executemany(_ENSURE_SESSIONS, [{"session": s} for s in sessions])
+        found = await self.db.fetch(_SESSIONS_IN, sessions=orjson.dumps(sessions).decode())
+        return {r[0]: to_session_info(r) for r in found}
+
+    async def _select(self, query: Query, keys: Sequence[Key]) -> list[Sequence[Any]]:
+        rows: list[Sequence[Any]] = []
+        for session, ids in _by_session(keys).items():
+            rows += await self.db.fetch(query, session=session, ids=orjson.dumps(ids).decode())
+        return rows
+
+    async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
+        return {(r[0], r[2]): to_event(r) for r in await self._select(_STORED, keys)}
+
+    async def stored_keys(self, keys: Sequence[Key]) -> set[Key]:
+        return {(r[0], r[1]) for r in await self._select(_STORED_KEYS, keys)}
+
+    async def insert(self, events: Sequence[Event]) -> None:
+        sql = _INSERT_EVENTS.compiled(self.db.dialect)[0]  # parameters in EVENT_COLUMNS order
+        rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
+        await self.db.conn.exec_driver_sql(sql, rows)
+
+    async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
+        # Followers poll: SQLite has no notifications to send.
+        await self.db.executemany(_UPDATE_SESSIONS, [{"b_session": r.session, **_fields(r)} for r in rows])
+
+
+def _fields(row: SessionInfo) -> dict[str, Any]:
+    return {c.name: getattr(row, c.name) for c in SESSION_COLUMNS}
+
+
+_FEED = Query(
+    lambda _: (
+        select(events.c.pos, *EVENT_SELECT)
+        .where(events.c.pos > bindparam("pos"))
+        .order_by(events.c.pos)
+        .limit(bindparam("limit"))
+    )
+)
+_FEED_SESSION = Query(
+    lambda _: (
+        select(events.c.pos, *EVENT_SELECT)
+        .where(events.c.pos > bindparam("pos"), events.c.session == bindparam("session"))
+        .order_by(events.c.pos)
+        .limit(bindparam("limit"))
+    )
+)
+_HEAD = Query(lambda _: select(func.max(events.c.pos)))
+
+
 class SqliteEventStore(SqlEventStore):
     """The embedded SQLite event log: writers take the lock up front, so ``pos`` is commit order."""
 
@@ -109,109 +178,32 @@ class SqliteEventStore(SqlEventStore):
         self.url = url
 
     @contextlib.asynccontextmanager
-    async def _connection(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
+    async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
         async with translate_errors(self.url), self.engine.connect() as conn:
             if write:
                 conn = await conn.execution_options(calltape_begin="IMMEDIATE")
             async with conn.begin():
-                yield conn
-
-    @contextlib.asynccontextmanager
-    async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
-        async with self._connection(write=write) as conn:
-            yield _SqliteDb(conn)
-
-    async def _fetch_sql(self, sql: str, *params: Any) -> list[Any]:
-        async with self._connection() as conn:
-            return list((await conn.exec_driver_sql(sql, params)).all())
-
-    # -- writing -----------------------------------------------------------------------------
+                yield SqliteDb(conn)
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
         events = self._redact(events)
-        sessions = sorted({e.session for e in events})
-        async with self._connection(write=True) as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_sessions (session, status, last_seq, epoch, started) "
-                "VALUES (?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
-                [(s,) for s in sessions],
-            )
-            marks = ",".join("?" * len(sessions))
-            found = await conn.exec_driver_sql(
-                f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session IN ({marks})", tuple(sessions)
-            )
-            rows = {r[0]: _info(r) for r in found}
-            stored: dict[tuple[str, str], Event] = {}
-            for session in sessions:
-                ids = [e.id for e in events if e.session == session]
-                for chunk in range(0, len(ids), 500):
-                    part = ids[chunk : chunk + 500]
-                    result = await conn.exec_driver_sql(
-                        f"SELECT {_EVENT_COLUMNS} FROM ct_events WHERE session = ? "
-                        f"AND id IN ({','.join('?' * len(part))})",
-                        tuple([session, *part]),
-                    )
-                    found_rows: list[Any] = list(result)
-                    stored.update({(r[0], r[2]): _event(r) for r in found_rows})
-            plan = plan_append(events, rows, stored, expected_seq)
-            if plan.inserts:
-                await conn.exec_driver_sql(
-                    f"INSERT INTO ct_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            e.session,
-                            e.seq,
-                            e.id,
-                            e.type,
-                            e.at_ms,
-                            e.agent,
-                            e.epoch,
-                            orjson.dumps(e.data).decode(),
-                        )
-                        for e in plan.inserts
-                    ],
-                )
-                await conn.exec_driver_sql(
-                    "UPDATE ct_sessions SET agent = ?, tenant = ?, modality = ?, framework = ?, status = ?, "
-                    "last_seq = ?, epoch = ?, first_at_ms = ?, last_at_ms = ?, started = ? WHERE session = ?",
-                    [
-                        (
-                            r.agent,
-                            r.tenant,
-                            r.modality,
-                            r.framework,
-                            r.status,
-                            r.last_seq,
-                            r.epoch,
-                            r.first_at_ms,
-                            r.last_at_ms,
-                            int(r.started),
-                            r.session,
-                        )
-                        for r in plan.rows.values()
-                    ],
-                )
-        return plan.results
-
-    # -- reading -----------------------------------------------------------------------------
+        async with self._db(write=True) as db:
+            return await SqliteWriter(db).append(events, expected_seq)
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
         pos = (after or FeedPosition(0, 0)).pos
-        rows = await self._fetch_sql(
-            f"SELECT pos, {_EVENT_COLUMNS} FROM ct_events WHERE pos > ?1 AND (?2 IS NULL OR session = ?2) "
-            "ORDER BY pos LIMIT ?3",
-            pos,
-            session,
-            limit,
-        )
-        return [(FeedPosition(0, r[0]), _event(r[1:])) for r in rows]
+        if session is None:
+            rows = await self._fetch(_FEED, pos=pos, limit=limit)
+        else:
+            rows = await self._fetch(_FEED_SESSION, pos=pos, session=session, limit=limit)
+        return [(FeedPosition(0, r[0]), to_event(r[1:])) for r in rows]
 
     async def head(self) -> FeedPosition:
-        rows = await self._fetch_sql("SELECT max(pos) FROM ct_events")
+        rows = await self._fetch(_HEAD)
         return FeedPosition(0, rows[0][0] or 0)
 
     def change_waiter(self) -> ChangeWaiter:
