@@ -247,8 +247,10 @@ def _item_html(item: Item, index: int, row: int, scale: float) -> str:
     status = f" ct-s-{escape(item.status)}" if item.status else ""
     common = f'data-i="{index}" tabindex="0" role="button" aria-label="{escape(item.title)}"'
     if item.end_ms is None:
+        left, right = _extent(item, scale)
         return (
-            f'<div class="ct-item ct-mark ct-{item.kind}" {common} style="left:{x - DOT / 2:.1f}px;top:{top}px">'
+            f'<div class="ct-item ct-mark ct-{item.kind}" {common} '
+            f'style="left:{left:.1f}px;top:{top}px;width:{right - left:.1f}px">'
             f'<span class="ct-dot"></span><span class="ct-label">{escape(_shorten(item.label))}</span></div>'
         )
     width = max((item.end_ms - item.start_ms) * scale, MIN_SPAN)
