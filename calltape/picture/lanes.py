@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from calltape.events import Event
+from calltape.events import EVENT_TYPES, Event
 from calltape.projections import ContextFold
 
 LANES: Final[tuple[tuple[str, str], ...]] = (
@@ -202,15 +202,9 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
 
 
 _REPLY_EVENTS: Final = frozenset(
-    (
-        "agent.reply.started",
-        "agent.text",
-        "agent.reply.done",
-        "agent.speech.started",
-        "agent.speech.progress",
-        "agent.speech.ended",
-    )
+    t for t in EVENT_TYPES if t.startswith("agent.") and t not in ("agent.handoff", "agent.instructions")
 )
+"""The events of one reply (they all carry ``reply``)."""
 _MAY_INTERRUPT: Final = frozenset(
     ("interruption", "agent.speech.ended", "session.dropped", "session.resumed", "session.ended")
 )
