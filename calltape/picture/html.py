@@ -161,10 +161,11 @@ _TICKS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 1
 def render_html(picture: Picture) -> str:
     """The page for ``picture``: one string, no external resource."""
     scale = _scale(picture.duration_ms)
-    width = int(picture.duration_ms * scale) + 320  # room for the last labels
+    packed = [(lane, caption, _pack([i for i in picture.items if i.lane == lane], scale)) for lane, caption in LANES]
+    rightmost = max((_extent(item, scale)[1] for _, _, placed in packed for item, _ in placed), default=0.0)
+    width = int(max(picture.duration_ms * scale + 60, rightmost + 24))  # room for the last labels
     lanes, records = [], []
-    for lane, caption in LANES:
-        placed = _pack([i for i in picture.items if i.lane == lane], scale)
+    for lane, caption, placed in packed:
         rows = max((row for _, row in placed), default=0) + 1
         html = []
         for item, row in placed:
