@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
-from picture_support import HOSTILE, events
+from cli.conftest import Cli
+from picture_support import HOSTILE, events, wire_events
 
 from calltape.picture import LANES, timeline_html
 
@@ -147,3 +155,54 @@ def test_no_two_items_of_a_lane_overlap(loaded: Loaded) -> None:
         and b["top"] < a["bottom"]
     ]
     assert clashes == []
+
+
+def test_calltape_serve_shows_a_timeline_to_a_browser_that_has_the_token(browser: Any, tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    token = uuid.uuid4().hex
+    session = f"served-{uuid.uuid4().hex[:8]}"
+    cli = Cli(tmp_path / "home", f"sqlite:///{tmp_path}/calls.db")
+    cli.env["CALLTAPE_VIEWER_TOKEN"] = token
+    calls = tmp_path / "calls.jsonl"
+    calls.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in wire_events(session=session)))
+    assert cli("import", str(calls)).code == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    server = cli.popen("serve", "--port", str(port), "--log-level", "warning")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "calltape serve did not start"
+            time.sleep(0.1)
+        assert httpx.get(f"{base}/sessions/{session}/timeline").status_code == 401
+        context = browser.new_context(
+            viewport={"width": 1600, "height": 900}, http_credentials={"username": "me", "password": token}
+        )
+        page = context.new_page()
+        requests: list[str] = []
+        errors: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(f"{base}/sessions")
+        page.get_by_role("link", name=session).click()
+        page.wait_for_url(f"{base}/sessions/{session}/timeline")
+        assert page.locator(".ct-lane").count() == len(LANES)
+        page.locator('[data-lane="tool"] .ct-s-unknown').click()  # the script ran under the served CSP
+        assert page.locator("#ct-details h2").inner_text().startswith('pairing({"dish":"fish"}) [c4] → unknown')
+        assert page.evaluate("typeof window.__pwned") == "undefined"
+        assert all(url.startswith(f"{base}/sessions") for url in requests), requests
+        assert errors == []
+        context.close()
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
