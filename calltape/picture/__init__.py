@@ -30,4 +30,6 @@ def timeline_html(events: list[Event], info: SessionInfo | None = None) -> str:
             "tenant": info.tenant,
             "events": info.last_seq,
         }
+        if events and (events[-1].seq or 0) < info.last_seq:
+            header["upto"] = events[-1].seq
     return render_html(build_picture(events, header))

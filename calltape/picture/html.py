@@ -307,6 +307,8 @@ def _header(picture: Picture) -> str:
             parts.append(f"{noun} {h[key]}")
     if h.get("events") is not None:
         parts.append(f"{h['events']} events")
+    if h.get("upto") is not None:
+        parts.append(f"shown up to seq {h['upto']}")
     parts.append(f"started {format_time(picture.first_at_ms)}")
     parts.append(f"lasted {_duration(picture.duration_ms)}")
     legend = [

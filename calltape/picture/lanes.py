@@ -122,10 +122,10 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         kind = event.type
         rid = data.get("reply")
         ignored_before = fold.counters["interruptions_ignored"]
-        if kind == "interruption":
-            target = rid if rid is not None else fold.latest_reply()
-            if target is not None and (owner := replies.get(str(target))) is not None:
-                owner.seqs.append(seq)
+        # the one reply this event may interrupt (the fold decides whether it does)
+        target = rid if rid is not None or kind != "interruption" else fold.latest_reply()
+        if kind == "interruption" and target is not None and (owner := replies.get(str(target))) is not None:
+            owner.seqs.append(seq)
         fold.apply(event)
         if kind in _REPLY_EVENTS and rid is not None:
             reply = replies.get(str(rid))
@@ -149,12 +149,11 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
                 call.started_at = at
             elif kind in ("tool.result", "tool.cancelled") and call.end_at is None:
                 call.end_at = at
-        if kind in _MAY_INTERRUPT:
-            for cut in [r for r in live if _interrupted(fold, r)]:
-                live.discard(cut)
-                replies[cut].interrupted_at = at
-                if kind == "agent.speech.ended":
-                    mark("interruption", "cut", at, "playout cut", f"playout of reply {cut} cut", seq)
+        if kind in _MAY_INTERRUPT and (cut := str(target)) in live and _interrupted(fold, cut):
+            live.discard(cut)
+            replies[cut].interrupted_at = at
+            if kind == "agent.speech.ended":
+                mark("interruption", "cut", at, "playout cut", f"playout of reply {cut} cut", seq)
         if kind == "interruption":
             cause = data.get("cause") or "user_speech"
             if fold.counters["interruptions_ignored"] > ignored_before:
@@ -205,10 +204,9 @@ _REPLY_EVENTS: Final = frozenset(
     t for t in EVENT_TYPES if t.startswith("agent.") and t not in ("agent.handoff", "agent.instructions")
 )
 """The events of one reply (they all carry ``reply``)."""
-_MAY_INTERRUPT: Final = frozenset(
-    ("interruption", "agent.speech.ended", "session.dropped", "session.resumed", "session.ended")
-)
-"""Events after which a reply may be newly interrupted (read from the fold, never decided here)."""
+_MAY_INTERRUPT: Final = frozenset(("interruption", "agent.speech.ended"))
+"""The events that may interrupt a reply: an ``interruption`` (its reply, else the latest) and an
+``agent.speech.ended`` with ``interrupted`` (its reply). Whether they do is read from the fold."""
 
 
 def _interrupted(fold: ContextFold, rid: str) -> bool:

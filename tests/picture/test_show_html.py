@@ -41,6 +41,7 @@ def test_show_html_writes_one_page(cli: Cli, session: str, tmp_path: Path) -> No
     assert upto.code == 0
     cut = (tmp_path / "upto.html").read_text()
     assert "sommelier" not in cut.split('id="ct-data"')[1] and "book_table" in cut
+    assert f"{len(SCRIPT)} events · shown up to seq 12 ·" in cut
 
 
 def test_show_html_errors_write_nothing(cli: Cli, session: str, tmp_path: Path) -> None:
