@@ -136,7 +136,7 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
                 reply.late_tokens += 1
             reply.seqs.append(seq)
             reply.end = max(reply.end, at)
-            if kind == "agent.speech.ended":
+            if kind == "agent.speech.ended" and reply.speech_ended_at is None:
                 reply.speech_ended_at = at
         elif kind == "tool.call":
             owner = replies.get(str(rid if rid is not None else fold.latest_reply()))

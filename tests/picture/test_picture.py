@@ -10,8 +10,9 @@ from html.parser import HTMLParser
 
 import orjson
 import pytest
-from picture_support import HOSTILE, events
+from picture_support import HOSTILE, events, wire_events
 
+from calltape.events import parse_event
 from calltape.picture import CSP, LANES, build_picture, render_html, timeline_html
 from calltape.projections import ContextFold
 
@@ -149,3 +150,21 @@ def test_an_empty_or_one_event_session_renders(cut: int) -> None:
     picture = build_picture(events()[:cut])
     page = render_html(picture)
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+
+
+def test_a_playout_cut_by_speech_ended_is_an_interruption() -> None:
+    script = [
+        (0, "session.started", {"agent": "a"}),
+        (100, "agent.reply.started", {"reply": "r1"}),
+        (200, "agent.text", {"reply": "r1", "text": "One two three four."}),
+        (250, "agent.reply.done", {"reply": "r1"}),
+        (300, "agent.speech.started", {"reply": "r1"}),
+        (900, "agent.speech.ended", {"reply": "r1", "interrupted": True, "heard": "One two"}),
+        (950, "agent.speech.ended", {"reply": "r1", "interrupted": True}),  # again: nothing new to cut
+        (1000, "interruption", {"reply": "r1"}),  # too late: ignored
+    ]
+    picture = build_picture([parse_event(w).with_seq(n) for n, w in enumerate(wire_events(script), 1)])
+    reply = next(i for i in picture.items if i.lane == "reply")
+    assert (reply.status, reply.heard, reply.unheard, reply.end_ms) == ("interrupted", "One two", " three four.", 900)
+    marks = [(i.kind, i.start_ms) for i in picture.items if i.lane == "interruption"]
+    assert marks == [("cut", 900), ("ignored", 1000)]
