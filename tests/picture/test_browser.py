@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import orjson
 import pytest
 from cli.conftest import Cli
 from picture_support import HOSTILE, events, wire_events
+from server.receiver_support import free_port, wait_healthy
 
 from calltape.picture import LANES, timeline_html
 
@@ -166,21 +165,11 @@ def test_calltape_serve_shows_a_timeline_to_a_browser_that_has_the_token(browser
     calls = tmp_path / "calls.jsonl"
     calls.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in wire_events(session=session)))
     assert cli("import", str(calls)).code == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = cli.popen("serve", "--port", str(port), "--log-level", "warning")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "calltape serve did not start"
-            time.sleep(0.1)
+        wait_healthy(base, server)
         assert httpx.get(f"{base}/sessions/{session}/timeline").status_code == 401
         context = browser.new_context(
             viewport={"width": 1600, "height": 900}, http_credentials={"username": "me", "password": token}
