@@ -88,6 +88,7 @@ class DropHook:
         self._holding = False
         self._lost = False  # the dropped call's own outcome events are lost until it starts again
         self._held: list[Event] = []
+        self._ended = False
         self._resumed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         folded = call._fold
@@ -96,6 +97,8 @@ class DropHook:
             folded(event)
             if not event.type.startswith("x."):
                 self._count += 1
+            if event.type == "session.ended":
+                self._ended = True
             if (
                 event.type == "tool.started"
                 and event.data.get("call") == call_id
@@ -114,11 +117,9 @@ class DropHook:
 
     def _land(self) -> None:
         call = self.call
-        if call.fold.dropped or any(e.type == "session.ended" for e in self._held):
-            return
         state = call.fold.tool_call(self.call_id)
-        if state is None or state.status != "in_progress":
-            self.after = None  # the tool finished before a drop could land: nothing runs any more
+        if self._ended or call.fold.dropped or state is None or state.status != "in_progress":
+            self.after = None  # the tool (or the call) finished before a drop could land
             return
         self._holding = self._lost = True
         call.runner.call = _Severed(call)

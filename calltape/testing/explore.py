@@ -65,7 +65,9 @@ class Run:
 
     def describe(self) -> str:
         """The instant and what broke there (ids and rule names only, never the call's words)."""
-        if self.dropped is not None:
+        if self.dropped is not None and self.after is None:
+            where = f"a drop while tool call {self.dropped} ran (it did not land: the call finished first)"
+        elif self.dropped is not None:
             where = f"a drop and resume while tool call {self.dropped} ran (landed after {self.after})"
         elif self.boundary is None:
             where = "the uninterrupted run"

@@ -172,3 +172,19 @@ async def test_one_drop_run_per_started_call_and_none_when_disabled() -> None:
     assert len(barge_ins) == len(exploration.baseline.events) - 2
     without = await explore(two_tools, drops=False)
     assert drop_runs(without.runs) == [] and len(without.runs) == len(exploration.runs) - 2
+
+
+async def test_a_tool_that_finishes_before_any_await_is_not_dropped() -> None:
+    async def instant(call: CallSession) -> None:
+        ask(call, "lookup")
+        call.emit("tool.started", {"call": "c1"})
+        call.emit("tool.result", {"call": "c1", "output": {"free": True}})  # no await: nothing can land
+        answer(call, "There is a table free.")
+        await asyncio.sleep(0)
+
+    exploration = await explore(instant)
+    exploration.assert_ok()
+    (run,) = drop_runs(exploration.runs)
+    assert run.after is None and run.resume is None
+    assert "session.dropped" not in [e.type for e in run.events]
+    assert "it did not land" in run.describe()
