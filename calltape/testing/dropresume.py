@@ -29,7 +29,9 @@ from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.projections import ToolCallState, build_context
 from calltape.runtime import CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, resume
+from calltape.runtime.tools import ToolRunner
 from calltape.runtime.toolspec import ToolBody
+from calltape.runtime.waits import PlayoutWaiters
 
 __all__ = ["DropHook", "started_calls"]
 
@@ -47,14 +49,14 @@ class _Severed:
 
     def __init__(self, call: CallSession) -> None:
         self.fold = call.fold
-        self.tape = call.tape
+        self._make = call._make
         self.tools: Mapping[str, ToolSpec] = call.tools
         self.session_id = call.session_id
 
     def emit(
         self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
-        event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
+        event = self._make(event_type, data, at_ms, id)
         self.fold.apply(event)
         return event
 
@@ -134,16 +136,13 @@ class DropHook:
             await self.store.append([dropped])
             self.plan = await resume(self.store, call.session_id, self.agent, tools=call.tools, bus=call.bus)
             fold = await build_context(self.store, call.session_id)
-            CallSession.__init__(
-                call,
-                self.recorder,
-                call.session_id,
-                fold,
-                agent=fold.agent,
-                epoch=fold.epoch,
-                tools=call.tools,
-                bus=call.bus,
-            )
+            # The same object becomes the resumed call's writer: the scenario holds it. The old runner
+            # and playout waiters stay with the dropped writer (severed, released).
+            call.fold = fold
+            call._epoch = fold.epoch
+            call.writer_agent = fold.agent
+            call.playout = PlayoutWaiters()
+            call.runner = ToolRunner(call)
             self._holding = False
             held, self._held = self._held, []
             for event in held:  # what the scenario said meanwhile, now on the resumed call, in order
@@ -174,9 +173,9 @@ class DropHook:
     ) -> Event:
         call = self.call
         if self._lost_event(event_type, data):
-            return call.tape.make(event_type, data, at_ms=at_ms, id=id)
+            return call._make(event_type, data, at_ms, id)
         if self._holding:
-            event = call.tape.make(event_type, data, id=id)
+            event = call._make(event_type, data, None, id)
             call._fold(event)  # the scenario's own view goes on; the log gets it after the resume
             self._held.append(event)
             return event
@@ -186,7 +185,7 @@ class DropHook:
         self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         if self._lost_event(event_type, data):
-            return self.call.tape.make(event_type, data, at_ms=at_ms, id=id)
+            return self.call._make(event_type, data, at_ms, id)
         if self._holding:
             await self._resumed.wait()
         return await CallSession.emit_durable(self.call, event_type, data, at_ms=at_ms, id=id)
