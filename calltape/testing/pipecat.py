@@ -30,7 +30,6 @@ import inspect
 import re
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -69,6 +68,7 @@ from pipecat.workers.runner import WorkerRunner
 from calltape.adapters.pipecat import CalltapeObserver
 from calltape.runtime import CallSession
 from calltape.testing.explore import set_barge_in
+from calltape.testing.script import Call, Pause, Say, Step, settled
 
 __all__ = [
     "SAMPLE_RATE",
@@ -123,34 +123,6 @@ def _complete_settings(service: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The scripted LLM
-
-
-@dataclass
-class Say:
-    """Stream ``text`` word by word (``gap`` seconds between words)."""
-
-    text: str
-    gap: float = 0.0
-
-
-@dataclass
-class Call:
-    """Ask for a tool call; the turn's calls run through Pipecat's ``run_function_calls`` at its end."""
-
-    name: str
-    call_id: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Pause:
-    """Think for ``seconds`` (time to first token, or a pause mid-stream)."""
-
-    seconds: float
-
-
-Step = Say | Call | Pause
-"""One step of a scripted LLM turn."""
 
 
 class ScriptedLLM(LLMService):
@@ -387,20 +359,9 @@ class PipecatCaller:
             await self.worker.queue_frame(TranscriptionFrame(text, "caller", time_now_iso8601()))
         await self.worker.queue_frame(VADUserStoppedSpeakingFrame())
 
-    async def settled(self, *, quiet: float = 0.6, timeout: float = 20.0) -> None:
-        """Waits until the call has been quiet for ``quiet`` seconds (no new event, no tool running):
-        the agent has answered and nothing is left in flight."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        seen, since = self.call.fold.seq, loop.time()
-        while loop.time() < deadline:
-            await asyncio.sleep(0.02)
-            now = loop.time()
-            if self.call.fold.seq != seen or any(t.status == "in_progress" for t in self.call.fold.tool_calls()):
-                seen, since = self.call.fold.seq, now
-            elif now - since >= quiet:
-                return
-        raise TimeoutError(f"the call did not settle within {timeout} s")
+    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`)."""
+        await settled(self.call, quiet=quiet, timeout=timeout)
 
 
 def _observers(worker: PipelineWorker) -> list[Any]:
