@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import orjson
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from calltape.errors import CalltapeError, SchemaOutdated
@@ -24,6 +25,7 @@ from calltape.redaction import Redactor
 
 ENV_URL = "CALLTAPE_DATABASE_URL"
 MEMORY = ":memory:"
+_MIGRATION_LOCK = 0x63616C6C74617065  # "calltape": the advisory lock key that serialises upgrades
 
 
 def default_path() -> Path:
@@ -125,12 +127,30 @@ async def upgrade(url: str | None = None) -> tuple[str | None, str]:
     resolved = resolve_url(url)
     engine = create_engine(resolved)
     try:
-        async with translate_errors(resolved), engine.begin() as conn:
+        async with translate_errors(resolved), _schema_transaction(engine) as conn:
             before = await conn.run_sync(_current_revision)
-            await conn.run_sync(_upgrade)
+            if before != HEAD:
+                await conn.run_sync(_upgrade)
             return before, HEAD
     finally:
         await engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def _schema_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A transaction that may change the schema. On SQLite it takes the write lock up front
+    (``BEGIN IMMEDIATE``): a deferred transaction that read the revision cannot upgrade its lock
+    while another process does the same, so two processes opening a fresh file at once would
+    fail with "database is locked" instead of one waiting for the other's migration. On PostgreSQL
+    a transaction-scoped advisory lock makes concurrent upgrades take turns."""
+    async with engine.connect() as conn:
+        sqlite = engine.dialect.name == "sqlite"
+        if sqlite:
+            conn = await conn.execution_options(calltape_begin="IMMEDIATE")
+        async with conn.begin():
+            if not sqlite:
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+            yield conn
 
 
 ENV_REDACT = "CALLTAPE_REDACT"
@@ -148,12 +168,16 @@ async def open_store(
     sqlite = make_url(resolved).get_backend_name() == "sqlite"
     engine = create_engine(resolved)
     try:
-        async with translate_errors(resolved), engine.begin() as conn:
-            current = await conn.run_sync(_current_revision)
+        async with translate_errors(resolved):
+            async with engine.connect() as conn:
+                current = await conn.run_sync(_current_revision)
             head = HEAD
             if current != head:
                 if upgrade_schema if upgrade_schema is not None else sqlite:
-                    await conn.run_sync(_upgrade)
+                    async with _schema_transaction(engine) as conn:
+                        # Read again under the lock: another process may have upgraded meanwhile.
+                        if await conn.run_sync(_current_revision) != head:
+                            await conn.run_sync(_upgrade)
                 elif current is None:
                     raise SchemaOutdated(f"the {where(resolved)} has no calltape schema; run `calltape db upgrade`")
                 else:
