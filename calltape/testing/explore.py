@@ -9,6 +9,11 @@ records an ``interruption`` of the latest reply at the scenario's first ``await`
 its own session in one private in-memory store; runs go concurrently. Every run is checked with
 :func:`calltape.testing.invariant_violations` (the ``calltape check`` rules and the context
 invariants) and with the user's own assertions.
+
+An agent on a real framework lands its barge-ins through the framework: its scripted caller registers
+itself with :func:`set_barge_in` (:class:`calltape.testing.pipecat.PipecatCaller` and
+:class:`calltape.testing.livekit.LiveKitCaller` do), and at run k the caller starts talking over the
+bot instead of the interruption being written on the call directly.
 """
 
 from __future__ import annotations

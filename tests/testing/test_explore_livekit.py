@@ -85,6 +85,7 @@ async def _explore(guarded: bool) -> Exploration:
         # which waits for the reply's tools (the audio itself stopped at the barge-in): allow for the
         # tool to give up, on a loaded CI machine.
         options=CheckOptions(talk_over_ms=6000),
+        concurrency=8,
     )
 
 
