@@ -12,6 +12,11 @@ its own session in one private in-memory store; runs go concurrently. Every run 
 invariants) and with the user's own assertions. The drop runs are
 :mod:`calltape.testing.dropresume`'s: the writer stops mid-tool, the session is resumed from the log
 and the scenario carries on on the resumed call.
+
+An agent on a real framework lands its barge-ins through the framework: its scripted caller registers
+itself with :func:`set_barge_in` (:class:`calltape.testing.pipecat.PipecatCaller` and
+:class:`calltape.testing.livekit.LiveKitCaller` do), and at run k the caller starts talking over the
+bot instead of the interruption being written on the call directly.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +40,19 @@ Scenario = Callable[[CallSession], Awaitable[None]]
 Assertion = Callable[["Run"], Any]
 """The user's own checks of one run (raise ``AssertionError``; may be async)."""
 
-__all__ = ["Exploration", "Run", "explore"]
+__all__ = ["Exploration", "Run", "explore", "set_barge_in"]
+
+BargeIn = Callable[[], Any]
+"""How a barge-in reaches the agent's framework (may return an awaitable)."""
+
+_BARGE_INS: weakref.WeakKeyDictionary[CallSession, BargeIn] = weakref.WeakKeyDictionary()
+
+
+def set_barge_in(call: CallSession, barge_in: BargeIn) -> None:
+    """Makes exploration land its barge-ins on ``call`` through ``barge_in`` (a scripted caller
+    speaking into the real pipeline) instead of recording an interruption on the call directly, so
+    the framework's own interruption handling is what gets explored."""
+    _BARGE_INS[call] = barge_in
 
 
 @dataclass
@@ -120,6 +138,7 @@ class _BargeIn:
         self.at = at
         self.count = 1  # session.started, recorded before the scenario runs
         self.after: str | None = None
+        self.landing: asyncio.Future[Any] | None = None
         self.types: list[str] = ["session.started"]
         original = call._fold
 
@@ -139,7 +158,13 @@ class _BargeIn:
         if {"session.ended", "session.dropped"} & set(self.types):
             return
         self.after = f"{self.types[-1]}, event {self.count}"
-        self.call.interrupt(cause="user_speech")
+        barge_in = _BARGE_INS.get(self.call)
+        if barge_in is None:
+            self.call.interrupt(cause="user_speech")
+            return
+        result = barge_in()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            self.landing = asyncio.ensure_future(result)
 
 
 async def _one_run(
@@ -175,6 +200,11 @@ async def _one_run(
             run.interrupted = True
         except Exception as exc:
             run.problems.append(f"the scenario raised {type(exc).__name__}")
+        if hook.landing is not None:
+            try:
+                await hook.landing
+            except Exception as exc:
+                run.problems.append(f"the barge-in raised {type(exc).__name__}")
         if dropping is not None:
             await dropping.finish()
             if dropping.error is not None:
