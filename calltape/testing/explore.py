@@ -237,10 +237,10 @@ async def explore(
     options: CheckOptions | None = None,
     concurrency: int = 16,
     tools: Mapping[str, ToolSpec] | None = None,
-    drops: bool = True,
+    drops: bool = False,
 ) -> Exploration:
-    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (unless
-    ``drops=False``) once per tool call of the uninterrupted run with the call dropped and resumed while
+    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (with
+    ``drops=True``) once per tool call of the uninterrupted run with the call dropped and resumed while
     that tool runs. ``tools`` are the calls' tool specs (resume reads ``idempotent`` and ``reconcile``).
 
     Returns every run; call :meth:`Exploration.assert_ok` to fail a test on the first broken instant.
@@ -265,7 +265,7 @@ async def _explore(
     concurrency: int,
     started: float,
     tools: Mapping[str, ToolSpec] | None = None,
-    drops: bool = True,
+    drops: bool = False,
 ) -> Exploration:
     from calltape.testing.dropresume import started_calls
 

@@ -75,6 +75,7 @@ async def test_a_side_effect_declared_idempotent_runs_twice_after_the_resume(
         restaurant.guarded,
         assertions=restaurant.booked_at_most_once,
         tools={"book_table": ToolSpec(idempotent=True)},  # the bug: booking twice books two tables
+        drops=True,
     )
     assert not exploration.baseline.failed, exploration.baseline.describe()
     (run,) = drop_runs(exploration.runs)
@@ -91,7 +92,7 @@ async def test_a_side_effect_declared_idempotent_runs_twice_after_the_resume(
 async def test_the_same_agent_with_the_tool_declared_as_it_is_passes() -> None:
     restaurant = Restaurant()
     exploration = await explore(
-        restaurant.guarded, assertions=restaurant.booked_at_most_once, tools={"book_table": ToolSpec()}
+        restaurant.guarded, assertions=restaurant.booked_at_most_once, tools={"book_table": ToolSpec()}, drops=True
     )
     exploration.assert_ok()
     (run,) = drop_runs(exploration.runs)
@@ -121,7 +122,7 @@ async def by_hand(call: CallSession) -> None:
 
 async def test_a_retried_call_nobody_runs_again_is_a_call_without_output() -> None:
     lookup = {"lookup": ToolSpec(idempotent=True)}  # safe to repeat: resume plans a retry
-    exploration = await explore(by_hand, tools=lookup)
+    exploration = await explore(by_hand, tools=lookup, drops=True)
     assert not exploration.baseline.failed
     (run,) = drop_runs(exploration.runs)
     assert run.resume is not None and [t["decision"] for t in run.resume["tools"]] == ["retry"]
@@ -140,7 +141,7 @@ async def test_a_retried_call_nobody_runs_again_is_a_call_without_output() -> No
         await call.run_tool("c1", "lookup", {"people": 2}, body, reply="r1")
         answer(call, "There is a table free.")
 
-    fixed = await explore(guarded, tools=lookup)
+    fixed = await explore(guarded, tools=lookup, drops=True)
     fixed.assert_ok()
     (run,) = drop_runs(fixed.runs)
     starts = [e.epoch for e in run.events if e.type == "tool.started"]
@@ -165,12 +166,12 @@ async def test_one_drop_run_per_started_call_and_none_when_disabled() -> None:
 
         await call.run_tool("c2", "cab", {}, cab, reply="r3")
 
-    exploration = await explore(two_tools, assertions=restaurant.booked_at_most_once)
+    exploration = await explore(two_tools, assertions=restaurant.booked_at_most_once, drops=True)
     exploration.assert_ok()
     assert [r.dropped for r in drop_runs(exploration.runs)] == ["c1", "c2"]
     barge_ins = [r for r in exploration.runs[1:] if r.dropped is None]
     assert len(barge_ins) == len(exploration.baseline.events) - 2
-    without = await explore(two_tools, drops=False)
+    without = await explore(two_tools)
     assert drop_runs(without.runs) == [] and len(without.runs) == len(exploration.runs) - 2
 
 
@@ -182,7 +183,7 @@ async def test_a_tool_that_finishes_before_any_await_is_not_dropped() -> None:
         answer(call, "There is a table free.")
         await asyncio.sleep(0)
 
-    exploration = await explore(instant)
+    exploration = await explore(instant, drops=True)
     exploration.assert_ok()
     (run,) = drop_runs(exploration.runs)
     assert run.after is None and run.resume is None
