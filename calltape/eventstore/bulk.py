@@ -33,7 +33,9 @@ from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
+from calltape.eventstore.postgres import _INSERT_EVENTS, PostgresEventStore
 from calltape.eventstore.store import EventStore
+from calltape.eventstore.tenancy import NOTIFY_TENANTS, admit, refuse_foreign
 
 _SESSION_FIELDS = (
     "session",
@@ -80,7 +82,10 @@ class ImportCounts:
 class BulkImport(ABC):
     """One open import transaction; :meth:`add` batches, then leave the block to commit."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn: Any, tenant: str | None = None) -> None:
+        self.conn = conn
+        self.tenant = tenant
+        """The store's tenant: the import writes only that tenant's sessions."""
         self.counts = ImportCounts()
         self._rows: dict[str, SessionInfo] = {}
         self._changed: dict[str, SessionInfo] = {}
@@ -92,6 +97,7 @@ class BulkImport(ABC):
         import must then be abandoned (raise out of the block)."""
         if not events:
             return 0
+        events = admit(events, self.tenant)
         batch_sessions = {e.session for e in events}
         self.counts.sessions.update(batch_sessions)
         fresh = sorted(batch_sessions - self._rows.keys())
@@ -170,16 +176,15 @@ def _stored_event(r: Sequence[Any]) -> Event:
 # SQLite
 
 
-class _SqliteImport(BulkImport):
-    def __init__(self, conn: Any) -> None:
-        super().__init__()
-        self.conn = conn
+_OWN_SESSION = " AND session IN (SELECT session FROM ct_sessions WHERE tenant = ?)"
 
+
+class _SqliteImport(BulkImport):
     async def _lock_sessions(self, sessions: list[str]) -> dict[str, SessionInfo]:
         await self.conn.exec_driver_sql(
-            "INSERT INTO ct_sessions (session, status, last_seq, epoch, started) "
-            "VALUES (?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
-            [(s,) for s in sessions],
+            "INSERT INTO ct_sessions (session, tenant, status, last_seq, epoch, started) "
+            "VALUES (?, ?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
+            [(s, self.tenant) for s in sessions],
         )
         rows: dict[str, SessionInfo] = {}
         for chunk in range(0, len(sessions), 500):
@@ -192,6 +197,7 @@ class _SqliteImport(BulkImport):
                 values = dict(zip(_SESSION_FIELDS, r, strict=True))
                 values["started"] = bool(values["started"])
                 rows[r[0]] = SessionInfo(**values)
+        refuse_foreign(rows.values(), self.tenant)
         return rows
 
     async def _select_stored(self, keys: Iterable[tuple[str, str]], columns: str) -> list[Any]:
@@ -203,8 +209,9 @@ class _SqliteImport(BulkImport):
             for chunk in range(0, len(ids), 900):
                 part = ids[chunk : chunk + 900]
                 result = await self.conn.exec_driver_sql(
-                    f"SELECT {columns} FROM ct_events WHERE session = ? AND id IN ({','.join('?' * len(part))})",
-                    (session, *part),
+                    f"SELECT {columns} FROM ct_events WHERE session = ? AND id IN ({','.join('?' * len(part))})"
+                    f"{_OWN_SESSION if self.tenant is not None else ''}",
+                    (session, *part, *([self.tenant] if self.tenant is not None else [])),
                 )
                 found.extend(result)
         return found
@@ -281,10 +288,7 @@ _PG_COPY_COLUMNS = ["session", "seq", "id", "type", "at_ms", "agent", "epoch", "
 
 
 class _PostgresImport(BulkImport):
-    def __init__(self, conn: Any) -> None:
-        super().__init__()
-        self.conn = conn
-
+    copy_in = True
     async def _lock_sessions(self, sessions: list[str]) -> dict[str, SessionInfo]:
         return {r["session"]: SessionInfo(**dict(r)) for r in await self.conn.fetch(_PG_LOCK, sessions)}
 
@@ -300,13 +304,18 @@ class _PostgresImport(BulkImport):
         return {(r[0], r[1]) for r in rows}
 
     async def _insert(self, events: Sequence[Event]) -> None:
+        if not self.copy_in:  # PostgreSQL refuses COPY FROM to a role held by row-level security
+            await self.conn.execute(_INSERT_EVENTS, *PostgresEventStore._event_columns(events))
+            return
         await self.conn.copy_records_to_table(
             "ct_events", records=[_event_row(e) for e in events], columns=_PG_COPY_COLUMNS
         )
 
     async def _update_sessions(self, rows: list[SessionInfo]) -> None:
         await self.conn.execute(_PG_UPDATE, *([getattr(r, f) for r in rows] for f in _SESSION_FIELDS))
-        await self.conn.execute("SELECT pg_notify('calltape_events', '')")
+        await self.conn.execute(
+            f"WITH v AS (SELECT unnest($1::text[]) AS tenant) {NOTIFY_TENANTS}", [r.tenant for r in rows]
+        )
 
 
 @contextlib.asynccontextmanager
@@ -334,7 +343,7 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
                         raise
                     await asyncio.sleep(0.1)
             try:
-                sqlite_import = _SqliteImport(conn)
+                sqlite_import = _SqliteImport(conn, store.tenant)
                 try:
                     yield sqlite_import
                     await sqlite_import.finish()
@@ -345,13 +354,14 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
             finally:
                 await sa_conn.close()
         return
-    async with translate_errors(store.url), engine.connect() as sa_conn:
+    async with translate_errors(store.url, tenant=store.tenant), engine.connect() as sa_conn:
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
         try:
             async with driver.transaction():
-                pg_import = _PostgresImport(driver)
+                pg_import = _PostgresImport(driver, store.tenant)
+                pg_import.copy_in = getattr(store, "copy_in", True)
                 yield pg_import
                 await pg_import.finish()
         except BaseException:
@@ -369,8 +379,8 @@ async def stored_keys(store: EventStore, keys: Sequence[tuple[str, str]]) -> set
         raise CalltapeError(f"bulk import is not available for a {type(store).__name__}")
     async with translate_errors(store.url), engine.connect() as sa_conn:
         if store.dialect == "sqlite":
-            return await _SqliteImport(sa_conn)._stored_keys(keys)
+            return await _SqliteImport(sa_conn, store.tenant)._stored_keys(keys)
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        return await _PostgresImport(driver)._stored_keys(keys)
+        return await _PostgresImport(driver, store.tenant)._stored_keys(keys)

@@ -22,9 +22,8 @@ from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, Tombstone
+from calltape.eventstore.tenancy import NOTIFY_TENANTS, admit, channel, tenant_settings
 from calltape.gcpause import gc_paused
-
-CHANNEL = "calltape_events"
 
 _SESSION_COLUMNS = (
     "session, agent, tenant, modality, framework, status, last_seq, epoch, first_at_ms, last_at_ms, started"
@@ -57,7 +56,7 @@ WITH v AS (
         first_at_ms = v.first_at_ms, last_at_ms = v.last_at_ms, started = v.started
     FROM v WHERE s.session = v.session
 )
-SELECT pg_notify('{CHANNEL}', '')
+{NOTIFY_TENANTS}
 """
 
 _FIND_STORED = """
@@ -101,6 +100,8 @@ class PostgresEventStore(EventStore):
     """The PostgreSQL event log: the feed ordered by ``(txid, pos)``, LISTEN/NOTIFY wake-ups."""
 
     dialect = "postgresql"
+    copy_in = True
+    """Whether appends may COPY: PostgreSQL refuses COPY FROM to a role held by row-level security."""
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -108,7 +109,7 @@ class PostgresEventStore(EventStore):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        async with translate_errors(self.url), self.engine.connect() as sa_conn:
+        async with translate_errors(self.url, tenant=self.tenant), self.engine.connect() as sa_conn:
             raw = await sa_conn.get_raw_connection()
             conn = raw.driver_connection
             assert conn is not None
@@ -124,7 +125,7 @@ class PostgresEventStore(EventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = self._redact(events)
+        events = admit(self._redact(events), self.tenant)
         sessions = sorted({e.session for e in events})
         async with self._connection() as conn:
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
@@ -141,7 +142,7 @@ class PostgresEventStore(EventStore):
                             stored = {(r["session"], r["id"]): _row_to_event(r) for r in found}
                         plan = plan_append(events, rows, stored, expected_seq)
                         if plan.inserts:
-                            if attempt:
+                            if attempt or not self.copy_in:
                                 status = await conn.execute(_INSERT_EVENTS, *self._event_columns(plan.inserts))
                                 if int(status.rsplit(" ", 1)[1]) != len(plan.inserts):
                                     raise _StoredDuplicate
@@ -260,14 +261,15 @@ class PostgresEventStore(EventStore):
         return FeedPosition(int(xmin), 0)
 
     def change_waiter(self) -> ChangeWaiter:
-        return _NotifyWaiter(self.url)
+        return _NotifyWaiter(self.url, self.tenant)
 
     # -- snapshots ---------------------------------------------------------------------------
 
     async def erase(self, session: str) -> int:
         async with self._connection() as conn, conn.transaction():
-            exists = await conn.fetchval("SELECT 1 FROM ct_sessions WHERE session = $1 FOR UPDATE", session)
-            if exists is None:
+            # The row is only there for this store's tenant: another tenant's session is "not found".
+            owner = await conn.fetchrow("SELECT tenant FROM ct_sessions WHERE session = $1 FOR UPDATE", session)
+            if owner is None:
                 if await conn.fetchval("SELECT 1 FROM ct_tombstones WHERE session = $1", session) is None:
                     raise SessionNotFound(session)
                 return 0
@@ -276,11 +278,12 @@ class PostgresEventStore(EventStore):
             await conn.execute("DELETE FROM ct_snapshots WHERE session = $1", session)
             await conn.execute("DELETE FROM ct_sessions WHERE session = $1", session)
             await conn.execute(
-                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES ($1, $2, $3) "
+                "INSERT INTO ct_tombstones (session, erased_at_ms, events, tenant) VALUES ($1, $2, $3, $4) "
                 "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + EXCLUDED.events",
                 session,
                 now_ms(),
                 count,
+                owner["tenant"],
             )
             return count
 
@@ -331,8 +334,9 @@ class PostgresEventStore(EventStore):
 class _NotifyWaiter(ChangeWaiter):
     """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tenant: str | None = None) -> None:
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
 
@@ -344,8 +348,8 @@ class _NotifyWaiter(ChangeWaiter):
             return
         self._conn = None
         try:
-            conn = await asyncpg.connect(self._dsn, timeout=5)
-            await conn.add_listener(CHANNEL, self._on_notify)
+            conn = await asyncpg.connect(self._dsn, timeout=5, server_settings=tenant_settings(self._tenant))
+            await conn.add_listener(channel(self._tenant), self._on_notify)
         except (TimeoutError, OSError, asyncpg.PostgresError):
             return
         conn.add_termination_listener(lambda _c: self._woken.set())

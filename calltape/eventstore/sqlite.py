@@ -20,6 +20,7 @@ from calltape.events import Event, now_ms
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter, Tombstone
+from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.gcpause import gc_paused
 
 _SESSION_FIELDS = (
@@ -100,24 +101,32 @@ class SqliteEventStore(EventStore):
         async with self._connection() as conn:
             return list((await conn.exec_driver_sql(sql, params)).all())
 
+    async def _hidden(self, session: str) -> bool:
+        """Whether a store opened for a tenant must not see this session (calltape filters on SQLite)."""
+        if self.tenant is None:
+            return False
+        rows = await self._fetch("SELECT tenant FROM ct_sessions WHERE session = ?", session)
+        return not rows or rows[0][0] != self.tenant
+
     # -- writing -----------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = self._redact(events)
+        events = admit(self._redact(events), self.tenant)
         sessions = sorted({e.session for e in events})
         async with self._connection(write=True) as conn:
             await conn.exec_driver_sql(
-                "INSERT INTO ct_sessions (session, status, last_seq, epoch, started) "
-                "VALUES (?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
-                [(s,) for s in sessions],
+                "INSERT INTO ct_sessions (session, tenant, status, last_seq, epoch, started) "
+                "VALUES (?, ?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
+                [(s, self.tenant) for s in sessions],
             )
             marks = ",".join("?" * len(sessions))
             found = await conn.exec_driver_sql(
                 f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session IN ({marks})", tuple(sessions)
             )
             rows = {r[0]: _info(r) for r in found}
+            refuse_foreign(rows.values(), self.tenant)
             stored: dict[tuple[str, str], Event] = {}
             for session in sessions:
                 ids = [e.id for e in events if e.session == session]
@@ -175,6 +184,8 @@ class SqliteEventStore(EventStore):
     async def read(
         self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
     ) -> list[Event]:
+        if await self._hidden(session):
+            return []
         rows = await self._fetch(
             f"SELECT {_EVENT_COLUMNS} FROM ct_events WHERE session = ? AND seq > ? "
             "AND (? IS NULL OR seq <= ?) ORDER BY seq LIMIT ?",
@@ -188,6 +199,8 @@ class SqliteEventStore(EventStore):
             return [_event(r) for r in rows]
 
     async def seq_at_time(self, session: str, at_ms: int) -> int:
+        if await self._hidden(session):
+            return 0
         rows = await self._fetch(
             "SELECT (SELECT min(seq) FROM ct_events WHERE session = ? AND at_ms > ?), "
             "(SELECT last_seq FROM ct_sessions WHERE session = ?)",
@@ -202,7 +215,7 @@ class SqliteEventStore(EventStore):
         rows = await self._fetch(
             f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session = ? AND last_seq > 0", session
         )
-        return _info(rows[0]) if rows else None
+        return _info(rows[0]) if rows and (self.tenant is None or rows[0][2] == self.tenant) else None
 
     async def sessions(
         self,
@@ -218,6 +231,10 @@ class SqliteEventStore(EventStore):
     ) -> list[SessionInfo]:
         column = SESSION_ORDER[order]
         direction = "DESC" if descending else "ASC"
+        if self.tenant is not None:
+            if tenant not in (None, self.tenant):
+                return []
+            tenant = self.tenant
         rows = await self._fetch(
             f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE last_seq > 0 "
             "AND (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR status = ?3) "
@@ -238,10 +255,12 @@ class SqliteEventStore(EventStore):
         pos = (after or FeedPosition(0, 0)).pos
         rows = await self._fetch(
             f"SELECT pos, {_EVENT_COLUMNS} FROM ct_events WHERE pos > ?1 AND (?2 IS NULL OR session = ?2) "
+            "AND (?4 IS NULL OR session IN (SELECT session FROM ct_sessions WHERE tenant = ?4)) "
             "ORDER BY pos LIMIT ?3",
             pos,
             session,
             limit,
+            self.tenant,
         )
         return [(FeedPosition(0, r[0]), _event(r[1:])) for r in rows]
 
@@ -256,10 +275,15 @@ class SqliteEventStore(EventStore):
 
     async def erase(self, session: str) -> int:
         async with self._connection(write=True) as conn:
-            exists = (await conn.exec_driver_sql("SELECT 1 FROM ct_sessions WHERE session = ?", (session,))).first()
-            if exists is None:
-                tomb = (await conn.exec_driver_sql("SELECT 1 FROM ct_tombstones WHERE session = ?", (session,))).first()
-                if tomb is None:
+            owner = (await conn.exec_driver_sql("SELECT tenant FROM ct_sessions WHERE session = ?", (session,))).first()
+            if owner is None or (self.tenant is not None and owner[0] != self.tenant):
+                tomb = (
+                    await conn.exec_driver_sql(
+                        "SELECT 1 FROM ct_tombstones WHERE session = ?1 AND (?2 IS NULL OR tenant = ?2)",
+                        (session, self.tenant),
+                    )
+                ).first()
+                if tomb is None or owner is not None:
                     raise SessionNotFound(session)
                 return 0
             result = await conn.exec_driver_sql("DELETE FROM ct_events WHERE session = ?", (session,))
@@ -267,17 +291,24 @@ class SqliteEventStore(EventStore):
             await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
             await conn.exec_driver_sql("DELETE FROM ct_sessions WHERE session = ?", (session,))
             await conn.exec_driver_sql(
-                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES (?, ?, ?) "
+                "INSERT INTO ct_tombstones (session, erased_at_ms, events, tenant) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + excluded.events",
-                (session, now_ms(), count),
+                (session, now_ms(), count, owner[0]),
             )
             return count
 
     async def tombstone(self, session: str) -> Tombstone | None:
-        rows = await self._fetch("SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = ?", session)
+        rows = await self._fetch(
+            "SELECT session, erased_at_ms, events FROM ct_tombstones "
+            "WHERE session = ?1 AND (?2 IS NULL OR tenant = ?2)",
+            session,
+            self.tenant,
+        )
         return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        if await self._hidden(session):
+            raise SessionNotFound(session)
         async with self._connection(write=True) as conn:
             for seq, data in changes:
                 await conn.exec_driver_sql(
@@ -287,6 +318,8 @@ class SqliteEventStore(EventStore):
             await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
 
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        if await self._hidden(session):
+            return
         async with self._connection(write=True) as conn:
             await conn.exec_driver_sql(
                 "INSERT INTO ct_snapshots (session, version, seq, state, created_at_ms) "
@@ -297,6 +330,8 @@ class SqliteEventStore(EventStore):
     async def load_snapshot(
         self, session: str, version: int, *, max_seq: int | None = None
     ) -> tuple[int, bytes] | None:
+        if await self._hidden(session):
+            return None
         rows = await self._fetch(
             "SELECT seq, state FROM ct_snapshots WHERE session = ?1 AND version = ?2 "
             "AND (?3 IS NULL OR seq <= ?3) ORDER BY seq DESC LIMIT 1",
