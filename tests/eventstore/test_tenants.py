@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
-from eventstore_support import asyncpg_dsn, raw_pg, started, text
+from eventstore_support import asyncpg_dsn, at_revision, raw_pg, started, text
 from sqlalchemy.engine import make_url
 
 from calltape.errors import CalltapeError, SessionErased, SessionNotFound, TenantRefused
@@ -312,24 +312,7 @@ async def test_listen_wakes_a_tenant_only_for_its_own_commits(pg_url, app_role, 
 
 async def test_a_0002_database_upgrades_in_place_and_keeps_its_tenants(empty_pg, ids):
     """A database written before row-level security: its sessions keep their tenants after the upgrade."""
-    from alembic import command
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from calltape.eventstore import resolve_url
-    from calltape.migrations import alembic_config
-
-    engine = create_async_engine(resolve_url(empty_pg))
-    try:
-        async with engine.begin() as conn:
-
-            def to_0002(sync_conn: object) -> None:
-                cfg = alembic_config()
-                cfg.attributes["connection"] = sync_conn
-                command.upgrade(cfg, "0002")
-
-            await conn.run_sync(to_0002)
-    finally:
-        await engine.dispose()
+    await at_revision(empty_pg, "0002")
     await _admin(
         empty_pg,
         "INSERT INTO ct_sessions (session, tenant, status, last_seq, epoch, started) VALUES "
