@@ -12,7 +12,10 @@ The projection is the only authority on what the context holds: the timeline fol
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,9 +25,11 @@ from rich.table import Table
 from rich.text import Text
 
 from calltape.cli.common import (
+    CliError,
     clock,
     compact_json,
     duration,
+    note,
     offset,
     opened_store,
     out,
@@ -43,6 +48,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Row:
+    """One line of ``calltape show``: an event's seq, time and styled segments."""
+
     seq: int
     at_ms: int
     lane: str  # "user" | "agent" | "session"
@@ -53,16 +60,20 @@ class Row:
     call: str | None = None
 
     def add(self, text: str, style: str = "") -> Row:
+        """Appends a styled segment; returns the row for chaining."""
         self.segments.append((text, style))
         return self
 
     @property
     def text(self) -> str:
+        """The row's plain text (no styles), for tests and piped output."""
         return "".join(t for t, _ in self.segments)
 
 
 @dataclass(slots=True)
 class ReplyView:
+    """What ``show`` knows of one agent reply: its text, how much was heard, how it ended."""
+
     reply: str
     row: Row
     generated: list[str] = field(default_factory=list)
@@ -74,6 +85,8 @@ class ReplyView:
 
 @dataclass(slots=True)
 class CallView:
+    """What ``show`` knows of one tool call: name, start, end and outcome."""
+
     call: str
     name: str
     arguments: str
@@ -88,6 +101,7 @@ class CallView:
     late: str | None = None
 
     def duration_ms(self) -> int | None:
+        """How long the tool ran, once it ended."""
         if self.end_at is None:
             return None
         return self.end_at - (self.started_at if self.started_at is not None else self.call_at)
@@ -95,6 +109,8 @@ class CallView:
 
 @dataclass(slots=True)
 class Timeline:
+    """The rows of ``calltape show`` with the replies and calls they refer to."""
+
     rows: list[Row]
     replies: dict[str, ReplyView]
     calls: dict[str, CallView]
@@ -113,6 +129,7 @@ def _reply_state(fold: ContextFold, rid: str) -> tuple[bool, str] | None:
 
 
 def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
+    """Folds a session's events into the rows ``calltape show`` prints."""
     from calltape.projections import ContextFold
 
     fold = ContextFold(events[0].session if events else None)
@@ -394,6 +411,14 @@ def show(
         bool, typer.Option("--verbose", "-v", help="Also show interims, deltas, playout and VAD details.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Write the timeline picture as one self-contained HTML page to FILE (- for stdout).",
+        ),
+    ] = None,
 ) -> None:
     """Show a session as a timeline: user and agent lanes, heard vs generated text, tools, barge-ins.
 
@@ -409,7 +434,14 @@ def show(
                 within(info, to, "--to")
             return info, await store.read(session, to_seq=to)
 
+    if html is not None and json_out:
+        raise CliError("--html and --json cannot be used together; choose one.")
     info, events = run(load())
+    if html is not None:
+        from calltape.picture import timeline_html
+
+        _write_html(html, timeline_html(events, info))
+        return
     tl = build_timeline(events, verbose=verbose)
     summary = _summary(tl)
     if json_out:
@@ -461,6 +493,26 @@ def show(
         )
         return
     _print(info, tl, summary, to)
+
+
+def _write_html(path: Path, page: str) -> None:
+    """Writes the page whole or not at all (a temporary file renamed into place)."""
+    if str(path) == "-":
+        sys.stdout.write(page)
+        sys.stdout.flush()
+        return
+    if path.is_dir():
+        raise CliError(f"{path} is a directory; give a file name for the HTML page.")
+    if not path.parent.is_dir():
+        raise CliError(f"cannot write {path}: the directory {path.parent} does not exist.")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}.") from None
+    note(f"Wrote the timeline picture to {path}.")
 
 
 def _print(info: SessionInfo, tl: Timeline, summary: dict[str, Any], to: int | None) -> None:

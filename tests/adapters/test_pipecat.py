@@ -124,7 +124,8 @@ class PlayedText(BaseObserver):
 
 
 class RecordingCall:
-    """A stand-in for CallSession that only collects what the observer emits (mapping tests only)."""
+    """A recording-only EventSink (not a LiveCall) that collects what the observer emits (mapping
+    tests only): the observer records the end of the session as one more event."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -133,12 +134,6 @@ class RecordingCall:
     def emit(self, event_type: str, data: Any = None) -> Event:
         self.events.append((event_type, dict(data or {})))
         return make_event("mapping-test", event_type, dict(data or {}))
-
-    async def end(self, reason: str | None = None) -> None:
-        self.events.append(("session.ended", {"reason": reason}))
-
-    async def drop(self, reason: str | None = None) -> None:
-        self.events.append(("session.dropped", {"reason": reason}))
 
     def of(self, event_type: str) -> list[dict[str, Any]]:
         return [d for t, d in self.events if t == event_type]
@@ -186,7 +181,7 @@ async def test_observer_maps_a_voice_turn_once_per_frame() -> None:
         "It shipped. It arrives tomorrow.",
     ]
     assert types.index("agent.reply.done") < types.index("agent.speech.ended")
-    assert rec.events[-1] == ("session.ended", {"reason": None})
+    assert rec.events[-1] == ("session.ended", {})
 
 
 async def test_a_failing_recorder_never_breaks_the_pipeline() -> None:
