@@ -41,8 +41,8 @@ def _arrays(columns: Sequence[Column[Any]], first: int = 1) -> str:
 
 # Whole columns travel as arrays (``unnest``): one round trip and one parse per batch, whatever its size.
 _LOCK_SESSIONS = f"""
-INSERT INTO ct_sessions (session, status, last_seq, epoch)
-SELECT s, 'active', 0, 1 FROM unnest($1::text[]) AS s ORDER BY s
+INSERT INTO ct_sessions (session, tenant, status, last_seq, epoch)
+SELECT s, $2::text, 'active', 0, 1 FROM unnest($1::text[]) AS s ORDER BY s
 ON CONFLICT (session) DO UPDATE SET session = EXCLUDED.session
 RETURNING {_names(SESSION_COLUMNS)}
 """
@@ -116,7 +116,7 @@ class PgWriter(AppendWriter):
         """PostgreSQL refuses COPY FROM to a role held by row-level security: such a role INSERTs."""
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
-        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions)}
+        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions, self.tenant)}
 
     async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
         rows = await self.conn.fetch(_FIND_STORED, [k[0] for k in keys], [k[1] for k in keys])

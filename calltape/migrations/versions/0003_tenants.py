@@ -45,18 +45,11 @@ def _policies() -> list[str]:
     return statements
 
 
-# A row written without an explicit tenant (the append's first insert of a new session, a tombstone,
-# a user's own INSERT) belongs to the connection's tenant.
-_DEFAULT = "nullif(current_setting('calltape.tenant', true), '')"
-
-
 def upgrade() -> None:
     """Adds the tombstones' tenant and, on PostgreSQL, the policies keyed on ``calltape.tenant``."""
     op.add_column("ct_tombstones", sa.Column("tenant", sa.Text))
     if op.get_bind().dialect.name != "postgresql":
         return
-    for table in ("ct_sessions", "ct_tombstones"):
-        op.execute(f"ALTER TABLE {table} ALTER COLUMN tenant SET DEFAULT {_DEFAULT}")
     # The guard of migration 0002 runs as the tables' owner, so it sees every tenant's tombstones.
     op.execute("ALTER FUNCTION ct_refuse_erased() SECURITY DEFINER SET search_path FROM CURRENT")
     for statement in _policies():
@@ -71,6 +64,5 @@ def downgrade() -> None:
             op.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
             op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
         op.execute("ALTER FUNCTION ct_refuse_erased() SECURITY INVOKER RESET search_path")
-        op.execute("ALTER TABLE ct_sessions ALTER COLUMN tenant DROP DEFAULT")
     with op.batch_alter_table("ct_tombstones") as batch:
         batch.drop_column("tenant")
