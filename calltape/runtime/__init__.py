@@ -1,5 +1,6 @@
 """The live runtime: guarded tools, interruption-aware waits, resume and handoff (SPEC sections 3, 4)."""
 
+from calltape.runtime.latency import Latencies, LatencyTracker, session_latencies
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
 from calltape.runtime.resume import AlreadyResumed, ResumePlan, ToolDecision, handoff, resume
@@ -15,6 +16,8 @@ __all__ = [
     "EventSink",
     "FoldedSink",
     "Interrupted",
+    "Latencies",
+    "LatencyTracker",
     "LiveCall",
     "Recovery",
     "RecoveryBus",
@@ -30,5 +33,6 @@ __all__ = [
     "merge_stats",
     "recoveries",
     "resume",
+    "session_latencies",
     "session_stats",
 ]
