@@ -48,6 +48,16 @@ EXPECTED_A = {
     "reply_to_first_text": [300, 400],
     "tool_duration": {"book_table": [1500], "lookup": [100]},
 }
+SUMMARY_A = {
+    "user_stopped_to_agent_speech": {"count": 2, "p50": 500, "p95": 800, "p99": 800, "max": 800},
+    "interruption_to_agent_stopped": {"count": 2, "p50": 250, "p95": 700, "p99": 700, "max": 700},
+    "reply_to_first_text": {"count": 2, "p50": 300, "p95": 400, "p99": 400, "max": 400},
+    "tool_duration": {
+        "book_table": {"count": 1, "p50": 1500, "p95": 1500, "p99": 1500, "max": 1500},
+        "lookup": {"count": 1, "p50": 100, "p95": 100, "p99": 100, "max": 100},
+    },
+}
+"""What ``calltape stats`` prints for session A under ``latency_ms``."""
 
 # Session B: a drop forgets what was waiting; a writer's clock running behind is skipped; a retried tool.
 TIMELINE_B: list[tuple[int, str, dict[str, Any]]] = [
