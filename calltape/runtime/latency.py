@@ -19,13 +19,20 @@ sessions at once (the global feed), so the same code serves ``calltape stats`` a
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calltape.events import Event
+
+if TYPE_CHECKING:
+    from calltape.eventstore import EventStore, FeedPosition
+
+log = logging.getLogger("calltape.latency")
 
 RESPONSE = "user_stopped_to_agent_speech"
 TALK_OVER = "interruption_to_agent_stopped"
@@ -223,3 +230,51 @@ def session_latencies(events: Iterable[Event]) -> Latencies:
     for sample in samples(events):
         found.add(sample)
     return found
+
+
+SampleSink = Callable[[Sample], None]
+"""Where live samples go: OpenTelemetry histograms, the Prometheus exposition of ``calltape serve``."""
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+OTHER_TOOL = "other"
+
+
+class ToolLabels:
+    """Tool names as metric labels: a name is a function identifier the agent declared, not what the
+    caller said, so it may label a metric; anything that does not look like an identifier (an LLM
+    inventing a name out of the conversation) and every name past ``limit`` distinct ones is
+    ``"other"``, so neither content nor unbounded cardinality reaches a metrics backend."""
+
+    def __init__(self, limit: int = 100) -> None:
+        self._known: set[str] = set()
+        self._limit = limit
+
+    def __call__(self, name: str | None) -> str:
+        """The label for a tool name."""
+        if name is None or not _TOOL_NAME.fullmatch(name):
+            return OTHER_TOOL
+        if name not in self._known:
+            if len(self._known) >= self._limit:
+                return OTHER_TOOL
+            self._known.add(name)
+        return name
+
+
+async def follow_latencies(
+    store: EventStore,
+    sinks: Sequence[SampleSink],
+    *,
+    after: FeedPosition | None = None,
+    poll_interval: float = 0.5,
+) -> None:
+    """Follows the store's global feed (every writer's events, from ``after``, default: from now) and
+    hands each sample to the sinks, until cancelled. A failing sink is logged, never raised."""
+    tracker = LatencyTracker()
+    start = after if after is not None else await store.head()
+    async for _, event in store.subscribe(start, poll_interval=poll_interval):
+        for sample in tracker.observe(event):
+            for sink in sinks:
+                try:
+                    sink(sample)
+                except Exception:  # an observer: it must never stop the others
+                    log.exception("calltape latency sink failed")
