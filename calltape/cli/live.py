@@ -379,7 +379,9 @@ def serve(
         ),
     ] = "info",
 ) -> None:
-    """Receive Vapi, Retell and Bland webhooks and record the calls (POST /vapi, /retell, /bland).
+    """Receive Vapi, Retell and Bland webhooks and record the calls (POST /vapi, /retell, /bland);
+    GET /metrics gives the voice latency figures of every call in the store, from the server's start,
+    as Prometheus histograms.
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.

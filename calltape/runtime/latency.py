@@ -19,6 +19,7 @@ sessions at once (the global feed), so the same code serves ``calltape stats`` a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from calltape.errors import StoreUnavailable
 from calltape.events import Event
 
 if TYPE_CHECKING:
@@ -270,7 +272,15 @@ async def follow_latencies(
     """Follows the store's global feed (every writer's events, from ``after``, default: from now) and
     hands each sample to the sinks, until cancelled. A failing sink is logged, never raised."""
     tracker = LatencyTracker()
-    start = after if after is not None else await store.head()
+    start = after
+    delay = 0.05
+    while start is None:
+        try:
+            start = await store.head()
+        except StoreUnavailable as exc:  # the database is down at start: wait for it, as the feed does
+            log.warning("latency figures: %s; retrying in %.2fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
     async for _, event in store.subscribe(start, poll_interval=poll_interval):
         for sample in tracker.observe(event):
             for sink in sinks:
