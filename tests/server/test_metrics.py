@@ -127,3 +127,11 @@ def test_calltape_serve_process_serves_metrics(tmp_path: Path) -> None:
         _, samples = asyncio.run(_scrape_until(base, "calltape_reply_to_first_text_seconds", 2))
     assert samples[("calltape_reply_to_first_text_seconds_count", ())] == 2
     assert samples[("calltape_reply_to_first_text_seconds_sum", ())] == pytest.approx(0.7)
+
+
+async def test_metrics_can_be_turned_off(store: EventStore) -> None:
+    app = create_app(store, metrics=False)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://calltape") as client:
+            assert (await client.get("/metrics")).status_code == 404
+            assert (await client.get("/healthz")).status_code == 200
