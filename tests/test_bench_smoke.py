@@ -28,6 +28,9 @@ HEADLINE_KEYS = {
     "resume_p99_ms",
     "interrupt_release_p99_ms",
     "read_ratio_vs_eventsourcing",
+    "read_ratio_vs_raw",
+    "max_sessions_sustained",
+    "sqlite_append_ratio_vs_raw",
 }
 
 
@@ -53,3 +56,6 @@ def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path
     from bench.run import HEADLINE_KEYS as SUITE_KEYS
 
     assert set(SUITE_KEYS) == HEADLINE_KEYS
+    assert figures["notes"] == [], figures["notes"]  # no benchmark failed
+    assert [p["sessions"] for p in figures["details"]["scale"]["points"]][:1] == [200]
+    assert figures["details"]["sqlite_append"]["raw_sqlite3_events_per_s"]["median"] > 0

@@ -35,10 +35,13 @@ class CliError(CalltapeError):
 
 @dataclass(slots=True)
 class CliState:
+    """The global options, read once by the root callback and shared by every command."""
+
     db: str | None = None
 
 
 def state(ctx: typer.Context) -> CliState:
+    """The global options of this invocation (kept on the root context)."""
     root = ctx.find_root()
     obj = root.obj
     if not isinstance(obj, CliState):
@@ -64,6 +67,7 @@ _err: Console | None = None
 
 
 def out() -> Console:
+    """The console for results (stdout); markup off, so user data is never read as markup."""
     global _out
     if _out is None:
         _out = _console()
@@ -71,6 +75,7 @@ def out() -> Console:
 
 
 def err() -> Console:
+    """The console for messages and progress (stderr)."""
     global _err
     if _err is None:
         _err = _console(stderr=True)
@@ -94,6 +99,7 @@ def note(message: str) -> None:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs a command's coroutine to completion (one event loop per command)."""
     return asyncio.run(coro)
 
 
@@ -150,6 +156,7 @@ async def opened_store(ctx: typer.Context, *, create: bool = False) -> AsyncIter
 
 
 async def require_session(store: EventStore, session: str) -> Any:
+    """The session's summary, or the one-sentence error for a session the store does not hold."""
     from calltape.errors import SessionNotFound
 
     info = await store.session_info(session)
@@ -225,11 +232,13 @@ def offset(ms: int) -> str:
 
 
 def shorten(text: str, limit: int = 80) -> str:
+    """One line of at most ``limit`` characters, whitespace collapsed (for table cells)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def compact_json(value: Any, limit: int = 80) -> str:
+    """A value as compact JSON, shortened for a table cell."""
     text = value if isinstance(value, str) else orjson.dumps(value).decode()
     return shorten(text, limit)
 
@@ -241,18 +250,21 @@ FORMAT_HELP = "Context format: native, openai, anthropic or realtime."
 
 
 def format_names() -> list[str]:
+    """The provider formats ``--format`` accepts."""
     from calltape.projections import FORMATS
 
     return list(FORMATS)
 
 
 def check_format(value: str) -> str:
+    """Refuses an unknown ``--format`` with one sentence naming the known ones."""
     if value not in format_names():
         raise CliError(f"unknown context format '{value}' (use one of: {', '.join(format_names())})")
     return value
 
 
 def complete_format(incomplete: str) -> list[str]:
+    """Shell completion of ``--format``."""
     return [name for name in format_names() if name.startswith(incomplete)]
 
 
@@ -268,6 +280,8 @@ def one_of(*values: str) -> Any:
 
 
 def completer(*values: str) -> Any:
+    """A shell completion function over a fixed set of values."""
+
     def complete(incomplete: str) -> list[str]:
         return [v for v in values if v.startswith(incomplete)]
 

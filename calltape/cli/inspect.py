@@ -212,6 +212,8 @@ def context(
 
 @dataclass(slots=True)
 class Side:
+    """One side of ``calltape diff``: a session's context at an instant, and how to name it."""
+
     label: str
     session: str
     seq: int
@@ -245,6 +247,7 @@ async def _side(store: EventStore, session: str, at: str | None, option: str) ->
 
 
 def describe_item(item: dict[str, Any] | None, limit: int = 70) -> str:
+    """A context item in one short line for the diff table (role, then its text or call)."""
     if item is None:
         return ""
     kind = item.get("type")

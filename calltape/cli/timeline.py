@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Row:
+    """One line of ``calltape show``: an event's seq, time and styled segments."""
+
     seq: int
     at_ms: int
     lane: str  # "user" | "agent" | "session"
@@ -53,16 +55,20 @@ class Row:
     call: str | None = None
 
     def add(self, text: str, style: str = "") -> Row:
+        """Appends a styled segment; returns the row for chaining."""
         self.segments.append((text, style))
         return self
 
     @property
     def text(self) -> str:
+        """The row's plain text (no styles), for tests and piped output."""
         return "".join(t for t, _ in self.segments)
 
 
 @dataclass(slots=True)
 class ReplyView:
+    """What ``show`` knows of one agent reply: its text, how much was heard, how it ended."""
+
     reply: str
     row: Row
     generated: list[str] = field(default_factory=list)
@@ -74,6 +80,8 @@ class ReplyView:
 
 @dataclass(slots=True)
 class CallView:
+    """What ``show`` knows of one tool call: name, start, end and outcome."""
+
     call: str
     name: str
     arguments: str
@@ -88,6 +96,7 @@ class CallView:
     late: str | None = None
 
     def duration_ms(self) -> int | None:
+        """How long the tool ran, once it ended."""
         if self.end_at is None:
             return None
         return self.end_at - (self.started_at if self.started_at is not None else self.call_at)
@@ -95,6 +104,8 @@ class CallView:
 
 @dataclass(slots=True)
 class Timeline:
+    """The rows of ``calltape show`` with the replies and calls they refer to."""
+
     rows: list[Row]
     replies: dict[str, ReplyView]
     calls: dict[str, CallView]
@@ -113,6 +124,7 @@ def _reply_state(fold: ContextFold, rid: str) -> tuple[bool, str] | None:
 
 
 def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
+    """Folds a session's events into the rows ``calltape show`` prints."""
     from calltape.projections import ContextFold
 
     fold = ContextFold(events[0].session if events else None)

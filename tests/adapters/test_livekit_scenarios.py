@@ -173,13 +173,21 @@ async def test_tool_turn(store: EventStore, session_id: str) -> None:
 
 async def test_barge_in_while_the_tool_runs(store: EventStore, session_id: str) -> None:
     script = [Utterance(0.2, 0.7, "A table at seven please."), Utterance(1.3, 1.8, "And is there parking?")]
-    llm_ = ScriptedLLM(
-        [Step("One moment.", [("call_1", "book", {"when": "7pm"})]), Step("Yes, parking is free."), Step("Done.")]
-    )
-    session, _, native = await run_call(store, session_id, script, llm_, Booker(delay=1.5), seconds=5.0)
+    steps = [Step("One moment.", [("call_1", "book", {"when": "7pm"})]), Step("Yes, parking is free."), Step("Done.")]
+    # Real time: on a starved machine the barge-in can land before the LLM asked for the tool, and
+    # the scenario never takes its shape. calltape must agree with LiveKit on every run; the run is
+    # repeated (a new session each time) until LiveKit's history shows the shape under test.
+    for attempt in range(3):
+        session, _, native = await run_call(
+            store, f"{session_id}-{attempt}", script, ScriptedLLM(steps), Booker(delay=1.5), seconds=5.0
+        )
+        assert calltape_calls(native) == livekit_calls(session.history)
+        assert calltape_turns(native) == livekit_turns(session.history)
+        if "call_1" in livekit_calls(session.history):
+            break
+    else:
+        pytest.fail("the barge-in never landed while the tool ran (three runs on a starved machine)")
     assert livekit_calls(session.history)["call_1"] == ("book", "booked 7pm")  # upstream keeps it (#3702)
-    assert calltape_calls(native) == livekit_calls(session.history)
-    assert calltape_turns(native) == livekit_turns(session.history)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""``parse_event`` reads the usual event in plain Python and sends the rest to the pydantic union.
+
+The fast reader must never change what is accepted or what it becomes: on every generated wire
+object, valid or not, both paths agree (the same event, or both refuse).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calltape.errors import InvalidEvent
+from calltape.events import _parse_common, _parse_union, check_event, parse_event
+
+SAMPLES: list[tuple[str, dict[str, Any]]] = [
+    ("session.started", {"agent": "triage", "instructions": "Be brief.", "modality": "text"}),
+    ("session.started", {"agent": "triage", "tenant": "acme", "metadata": {"k": [1, 2.5, None]}}),
+    ("user.transcript", {"text": "a table for two", "final": True}),
+    ("user.transcript", {"text": "a table", "final": False, "turn": "t1"}),
+    ("user.speech.started", {}),
+    ("agent.reply.started", {"reply": "r1"}),
+    ("agent.text", {"reply": "r1", "text": "One moment."}),
+    ("agent.speech.progress", {"reply": "r1", "heard": "One"}),
+    ("tool.call", {"reply": "r1", "call": "c1", "name": "book", "arguments": {"people": 2}}),
+    ("tool.result", {"call": "c1", "output": {"ok": True}}),
+    ("interruption", {"reply": "r1"}),
+    ("agent.handoff", {"from": "a", "to": "b"}),
+    ("x.custom", {"anything": [1, {"deep": "yes"}]}),
+    ("x.custom", {}),
+]
+
+ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=2**40),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from(["", "5", "r1", "2025-01-31T09:30:00.000Z", " 2025-01-31T09:30:00Z ", "2025-01-31", "nope"]),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.sampled_from(["a", "text"]), st.integers(), max_size=2),
+)
+TIMES = st.sampled_from(
+    [
+        "2025-01-31T09:30:00.000Z",
+        "2025-01-31T09:30:00Z",
+        "2025-01-31T10:30:00.123+01:00",
+        "2025-01-31T09:30:00",
+        "2025-01-31T09:30:00.000z",
+        "0001-01-01T00:00:00.000Z",
+        "9999-12-31T23:59:59.999Z",
+        "2025-13-31T09:30:00Z",
+    ]
+)
+
+
+@st.composite
+def wire_objects(draw: st.DrawFn) -> dict[str, Any]:
+    event_type, data = draw(st.sampled_from(SAMPLES))
+    data = dict(data)
+    if data and draw(st.booleans()):
+        key = draw(st.sampled_from(sorted(data)))
+        action = draw(st.sampled_from(["drop", "odd"]))
+        if action == "drop":
+            del data[key]
+        else:
+            data[key] = draw(ODD)
+    if draw(st.booleans()):
+        data[draw(st.sampled_from(["extra", "note"]))] = draw(ODD)
+    obj: dict[str, Any] = {"type": event_type, "session": "call-1", "data": data}
+    for name, good in (("id", st.just("e1")), ("at", TIMES), ("agent", st.just("triage"))):
+        choice = draw(st.sampled_from(["absent", "good", "odd"]))
+        if choice != "absent":
+            obj[name] = draw(good if choice == "good" else ODD)
+    for name in ("seq", "epoch"):
+        choice = draw(st.sampled_from(["absent", "good", "odd"]))
+        if choice != "absent":
+            obj[name] = draw(st.integers(min_value=1, max_value=2**31 - 1) if choice == "good" else ODD)
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        obj[draw(st.sampled_from(["session", "data"]))] = draw(ODD)
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        obj["unknown_field"] = 1
+    return obj
+
+
+def _outcome(parse: Any, obj: dict[str, Any]) -> Any:
+    try:
+        event = check_event(parse(obj))
+    except InvalidEvent:
+        return "refused"
+    return (
+        event.type,
+        event.data,
+        event.session,
+        event.id if obj.get("id") else "generated",
+        event.at_ms if obj.get("at") is not None else "now",
+        event.agent,
+        event.epoch,
+        event.seq,
+    )
+
+
+def _fast_or_union(obj: dict[str, Any]) -> Any:
+    return _parse_common(obj, obj["type"]) or _parse_union(obj, obj["type"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(wire_objects())
+def test_the_fast_reader_agrees_with_the_union_on_every_object(obj: dict[str, Any]) -> None:
+    assert _outcome(_fast_or_union, obj) == _outcome(lambda o: _parse_union(o, o["type"]), obj)
+
+
+@pytest.mark.parametrize(("event_type", "data"), SAMPLES)
+def test_the_usual_events_take_the_fast_reader(event_type: str, data: dict[str, Any]) -> None:
+    obj = {"type": event_type, "session": "s", "id": "e", "at": "2025-01-31T09:30:00.000Z", "data": data}
+    assert _parse_common(obj, event_type) is not None
+    assert parse_event(obj) == _parse_union(obj, event_type)
