@@ -2,41 +2,37 @@
 
 Writers take the database lock up front (``BEGIN IMMEDIATE``), so appends from several processes
 serialize instead of failing on a lock upgrade, and ``pos`` order is commit order: the feed needs no
-transaction ids here.
+transaction ids here. Sets of keys travel as one JSON array (``json_each``), so a lookup is one
+statement whatever its size, with no limit on the number of parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
+from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy import event as sa_event
+from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from calltape.errors import SessionNotFound
-from calltape.events import Event, now_ms
-from calltape.eventstore.append_plan import SessionInfo, plan_append
+from calltape.events import Event
+from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
-from calltape.eventstore.store import SESSION_ORDER, ChangeWaiter, EventStore, FeedPosition, SleepWaiter, Tombstone
-from calltape.gcpause import gc_paused
-
-_SESSION_FIELDS = (
-    "session",
-    "agent",
-    "tenant",
-    "modality",
-    "framework",
-    "status",
-    "last_seq",
-    "epoch",
-    "first_at_ms",
-    "last_at_ms",
-    "started",
+from calltape.eventstore.queries import (
+    EVENT_SELECT,
+    Db,
+    Query,
+    SqlEventStore,
+    dumps_data,
+    to_event,
+    to_session_info,
 )
-_SESSION_COLUMNS = ", ".join(_SESSION_FIELDS)
-_EVENT_COLUMNS = "session, seq, id, type, at_ms, agent, epoch, data"
+from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS, events, sessions
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
+from calltape.eventstore.writer import AppendWriter, Key
 
 
 def configure_engine(engine: AsyncEngine) -> None:
@@ -59,27 +55,120 @@ def configure_engine(engine: AsyncEngine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _event(row: Any) -> Event:
-    return Event(
-        type=row[3],
-        data=orjson.loads(row[7]),
-        session=row[0],
-        id=row[2],
-        at_ms=row[4],
-        agent=row[5],
-        epoch=row[6],
-        seq=row[1],
-        checked=True,
+class SqliteDb(Db):
+    """Compiled queries through SQLAlchemy's driver-level execute on an open transaction."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self.dialect = conn.dialect
+
+    async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        sql, args = query.bind(self.dialect, params)
+        return (await self.conn.exec_driver_sql(sql, args)).all()
+
+    async def execute(self, query: Query, **params: Any) -> int:
+        sql, args = query.bind(self.dialect, params)
+        return int((await self.conn.exec_driver_sql(sql, args)).rowcount)
+
+    async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
+        binds = [query.bind(self.dialect, r) for r in rows]
+        if binds:
+            await self.conn.exec_driver_sql(binds[0][0], [args for _, args in binds])
+
+
+def _in_json(name: str) -> Any:
+    """The values of a JSON array parameter, as a subquery for ``IN``."""
+    return select(func.json_each(bindparam(name)).table_valued("value").c.value)
+
+
+def _id_in(names: str) -> ColumnElement[bool]:
+    return (events.c.session == bindparam("session")) & events.c.id.in_(_in_json(names))
+
+
+_ENSURE_SESSIONS = Query(
+    lambda _: (
+        insert(sessions)
+        .values(session=bindparam("session"), status="active", last_seq=0, epoch=1, started=False)
+        .on_conflict_do_nothing()
     )
+)
+_SESSIONS_IN = Query(lambda _: select(*SESSION_COLUMNS).where(sessions.c.session.in_(_in_json("sessions"))))
+_STORED = Query(lambda _: select(*EVENT_SELECT).where(_id_in("ids")))
+_STORED_KEYS = Query(lambda _: select(events.c.session, events.c.id).where(_id_in("ids")))
+_INSERT_EVENTS = Query(lambda _: insert(events).values({c.name: bindparam(c.name) for c in EVENT_COLUMNS}))
+_UPDATE_SESSIONS = Query(
+    lambda _: (
+        update(sessions)
+        .where(sessions.c.session == bindparam("b_session"))
+        .values({c.name: bindparam(c.name) for c in SESSION_COLUMNS[1:]})
+    )
+)
 
 
-def _info(row: Any) -> SessionInfo:
-    values = dict(zip(_SESSION_FIELDS, row, strict=True))
-    values["started"] = bool(values["started"])
-    return SessionInfo(**values)
+def _by_session(keys: Sequence[Key]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for session, id_ in keys:
+        found.setdefault(session, []).append(id_)
+    return found
 
 
-class SqliteEventStore(EventStore):
+class SqliteWriter(AppendWriter):
+    """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, db: SqliteDb) -> None:
+        self.db = db
+
+    async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
+        await self.db.executemany(_ENSURE_SESSIONS, [{"session": s} for s in sessions])
+        found = await self.db.fetch(_SESSIONS_IN, sessions=orjson.dumps(sessions).decode())
+        return {r[0]: to_session_info(r) for r in found}
+
+    async def _select(self, query: Query, keys: Sequence[Key]) -> list[Sequence[Any]]:
+        rows: list[Sequence[Any]] = []
+        for session, ids in _by_session(keys).items():
+            rows += await self.db.fetch(query, session=session, ids=orjson.dumps(ids).decode())
+        return rows
+
+    async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
+        return {(r[0], r[2]): to_event(r) for r in await self._select(_STORED, keys)}
+
+    async def stored_keys(self, keys: Sequence[Key]) -> set[Key]:
+        return {(r[0], r[1]) for r in await self._select(_STORED_KEYS, keys)}
+
+    async def insert(self, events: Sequence[Event]) -> None:
+        sql = _INSERT_EVENTS.compiled(self.db.dialect)[0]  # parameters in EVENT_COLUMNS order
+        rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
+        await self.db.conn.exec_driver_sql(sql, rows)
+
+    async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
+        # Followers poll: SQLite has no notifications to send.
+        await self.db.executemany(_UPDATE_SESSIONS, [{"b_session": r.session, **_fields(r)} for r in rows])
+
+
+def _fields(row: SessionInfo) -> dict[str, Any]:
+    return {c.name: getattr(row, c.name) for c in SESSION_COLUMNS}
+
+
+_FEED = Query(
+    lambda _: (
+        select(events.c.pos, *EVENT_SELECT)
+        .where(events.c.pos > bindparam("pos"))
+        .order_by(events.c.pos)
+        .limit(bindparam("limit"))
+    )
+)
+_FEED_SESSION = Query(
+    lambda _: (
+        select(events.c.pos, *EVENT_SELECT)
+        .where(events.c.pos > bindparam("pos"), events.c.session == bindparam("session"))
+        .order_by(events.c.pos)
+        .limit(bindparam("limit"))
+    )
+)
+_HEAD = Query(lambda _: select(func.max(events.c.pos)))
+
+
+class SqliteEventStore(SqlEventStore):
     """The embedded SQLite event log: writers take the lock up front, so ``pos`` is commit order."""
 
     dialect = "sqlite"
@@ -89,222 +178,33 @@ class SqliteEventStore(EventStore):
         self.url = url
 
     @contextlib.asynccontextmanager
-    async def _connection(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
+    async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
         async with translate_errors(self.url), self.engine.connect() as conn:
             if write:
                 conn = await conn.execution_options(calltape_begin="IMMEDIATE")
             async with conn.begin():
-                yield conn
-
-    async def _fetch(self, sql: str, *params: Any) -> list[Any]:
-        async with self._connection() as conn:
-            return list((await conn.exec_driver_sql(sql, params)).all())
-
-    # -- writing -----------------------------------------------------------------------------
+                yield SqliteDb(conn)
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
         events = self._redact(events)
-        sessions = sorted({e.session for e in events})
-        async with self._connection(write=True) as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_sessions (session, status, last_seq, epoch, started) "
-                "VALUES (?, 'active', 0, 1, 0) ON CONFLICT (session) DO NOTHING",
-                [(s,) for s in sessions],
-            )
-            marks = ",".join("?" * len(sessions))
-            found = await conn.exec_driver_sql(
-                f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session IN ({marks})", tuple(sessions)
-            )
-            rows = {r[0]: _info(r) for r in found}
-            stored: dict[tuple[str, str], Event] = {}
-            for session in sessions:
-                ids = [e.id for e in events if e.session == session]
-                for chunk in range(0, len(ids), 500):
-                    part = ids[chunk : chunk + 500]
-                    result = await conn.exec_driver_sql(
-                        f"SELECT {_EVENT_COLUMNS} FROM ct_events WHERE session = ? "
-                        f"AND id IN ({','.join('?' * len(part))})",
-                        tuple([session, *part]),
-                    )
-                    found_rows: list[Any] = list(result)
-                    stored.update({(r[0], r[2]): _event(r) for r in found_rows})
-            plan = plan_append(events, rows, stored, expected_seq)
-            if plan.inserts:
-                await conn.exec_driver_sql(
-                    f"INSERT INTO ct_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            e.session,
-                            e.seq,
-                            e.id,
-                            e.type,
-                            e.at_ms,
-                            e.agent,
-                            e.epoch,
-                            orjson.dumps(e.data).decode(),
-                        )
-                        for e in plan.inserts
-                    ],
-                )
-                await conn.exec_driver_sql(
-                    "UPDATE ct_sessions SET agent = ?, tenant = ?, modality = ?, framework = ?, status = ?, "
-                    "last_seq = ?, epoch = ?, first_at_ms = ?, last_at_ms = ?, started = ? WHERE session = ?",
-                    [
-                        (
-                            r.agent,
-                            r.tenant,
-                            r.modality,
-                            r.framework,
-                            r.status,
-                            r.last_seq,
-                            r.epoch,
-                            r.first_at_ms,
-                            r.last_at_ms,
-                            int(r.started),
-                            r.session,
-                        )
-                        for r in plan.rows.values()
-                    ],
-                )
-        return plan.results
-
-    # -- reading -----------------------------------------------------------------------------
-
-    async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
-    ) -> list[Event]:
-        rows = await self._fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM ct_events WHERE session = ? AND seq > ? "
-            "AND (? IS NULL OR seq <= ?) ORDER BY seq LIMIT ?",
-            session,
-            after_seq,
-            to_seq,
-            to_seq,
-            -1 if limit is None else limit,
-        )
-        with gc_paused(len(rows)):
-            return [_event(r) for r in rows]
-
-    async def seq_at_time(self, session: str, at_ms: int) -> int:
-        rows = await self._fetch(
-            "SELECT (SELECT min(seq) FROM ct_events WHERE session = ? AND at_ms > ?), "
-            "(SELECT last_seq FROM ct_sessions WHERE session = ?)",
-            session,
-            at_ms,
-            session,
-        )
-        first_after, last_seq = rows[0]
-        return int(first_after) - 1 if first_after is not None else int(last_seq or 0)
-
-    async def session_info(self, session: str) -> SessionInfo | None:
-        rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE session = ? AND last_seq > 0", session
-        )
-        return _info(rows[0]) if rows else None
-
-    async def sessions(
-        self,
-        *,
-        agent: str | None = None,
-        tenant: str | None = None,
-        status: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        order: str = "last_at",
-        descending: bool = True,
-        limit: int | None = None,
-    ) -> list[SessionInfo]:
-        column = SESSION_ORDER[order]
-        direction = "DESC" if descending else "ASC"
-        rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM ct_sessions WHERE last_seq > 0 "
-            "AND (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR status = ?3) "
-            "AND (?4 IS NULL OR last_at_ms >= ?4) AND (?5 IS NULL OR first_at_ms <= ?5) "
-            f"ORDER BY {column} IS NULL, {column} {direction}, session LIMIT ?6",
-            agent,
-            tenant,
-            status,
-            since_ms,
-            until_ms,
-            -1 if limit is None else limit,
-        )
-        return [_info(r) for r in rows]
+        async with self._db(write=True) as db:
+            return await SqliteWriter(db).append(events, expected_seq)
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
         pos = (after or FeedPosition(0, 0)).pos
-        rows = await self._fetch(
-            f"SELECT pos, {_EVENT_COLUMNS} FROM ct_events WHERE pos > ?1 AND (?2 IS NULL OR session = ?2) "
-            "ORDER BY pos LIMIT ?3",
-            pos,
-            session,
-            limit,
-        )
-        return [(FeedPosition(0, r[0]), _event(r[1:])) for r in rows]
+        if session is None:
+            rows = await self._fetch(_FEED, pos=pos, limit=limit)
+        else:
+            rows = await self._fetch(_FEED_SESSION, pos=pos, session=session, limit=limit)
+        return [(FeedPosition(0, r[0]), to_event(r[1:])) for r in rows]
 
     async def head(self) -> FeedPosition:
-        rows = await self._fetch("SELECT max(pos) FROM ct_events")
+        rows = await self._fetch(_HEAD)
         return FeedPosition(0, rows[0][0] or 0)
 
     def change_waiter(self) -> ChangeWaiter:
         return SleepWaiter()
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    async def erase(self, session: str) -> int:
-        async with self._connection(write=True) as conn:
-            exists = (await conn.exec_driver_sql("SELECT 1 FROM ct_sessions WHERE session = ?", (session,))).first()
-            if exists is None:
-                tomb = (await conn.exec_driver_sql("SELECT 1 FROM ct_tombstones WHERE session = ?", (session,))).first()
-                if tomb is None:
-                    raise SessionNotFound(session)
-                return 0
-            result = await conn.exec_driver_sql("DELETE FROM ct_events WHERE session = ?", (session,))
-            count = int(result.rowcount)
-            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
-            await conn.exec_driver_sql("DELETE FROM ct_sessions WHERE session = ?", (session,))
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_tombstones (session, erased_at_ms, events) VALUES (?, ?, ?) "
-                "ON CONFLICT (session) DO UPDATE SET events = ct_tombstones.events + excluded.events",
-                (session, now_ms(), count),
-            )
-            return count
-
-    async def tombstone(self, session: str) -> Tombstone | None:
-        rows = await self._fetch("SELECT session, erased_at_ms, events FROM ct_tombstones WHERE session = ?", session)
-        return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
-
-    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        async with self._connection(write=True) as conn:
-            for seq, data in changes:
-                await conn.exec_driver_sql(
-                    "UPDATE ct_events SET data = ? WHERE session = ? AND seq = ?",
-                    (orjson.dumps(data).decode(), session, seq),
-                )
-            await conn.exec_driver_sql("DELETE FROM ct_snapshots WHERE session = ?", (session,))
-
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        async with self._connection(write=True) as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO ct_snapshots (session, version, seq, state, created_at_ms) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (session, version, seq, state, now_ms()),
-            )
-
-    async def load_snapshot(
-        self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None:
-        rows = await self._fetch(
-            "SELECT seq, state FROM ct_snapshots WHERE session = ?1 AND version = ?2 "
-            "AND (?3 IS NULL OR seq <= ?3) ORDER BY seq DESC LIMIT 1",
-            session,
-            version,
-            max_seq,
-        )
-        return (rows[0][0], bytes(rows[0][1])) if rows else None
-
-    async def close(self) -> None:
-        await self.engine.dispose()

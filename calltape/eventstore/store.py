@@ -207,10 +207,3 @@ class EventStore(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-SESSION_ORDER = {
-    "last_at": "last_at_ms",
-    "first_at": "first_at_ms",
-    "session": "session",
-    "events": "last_seq",
-}

@@ -5,8 +5,9 @@ before anything is written: a bad request gets a one-sentence 4xx and leaves the
 are derived from the payloads, so the platforms' retries are harmless (appending a known id is a no-op).
 
 Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``GET /healthz``, ``GET /metrics`` (the voice
-latency figures for Prometheus, :mod:`calltape.server.metrics`), and, when the application
-brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
+latency figures for Prometheus, :mod:`calltape.server.metrics`), the timeline pictures
+(``GET /sessions``, ``GET /sessions/{id}/timeline``, see :mod:`calltape.server.timeline_view`), and,
+when the application brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
 ``/retell/llm/{call_id}`` (see :mod:`calltape.server.retell_llm`). A platform without a secret configured is
 refused (403) unless ``allow_unsigned`` is set (local development only).
 """
@@ -40,6 +41,7 @@ from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.server.limits import AbortedUploads, bounded_protocol
 from calltape.server.metrics import CONTENT_TYPE, PrometheusLatency
 from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
+from calltape.server.timeline_view import viewer_routes
 
 __all__ = ["ReceiverConfig", "create_app", "run_server"]
 
@@ -81,6 +83,9 @@ class ReceiverConfig:
     metrics: bool = True
     """Serves ``GET /metrics`` and follows the store's feed for it (also into OpenTelemetry histograms
     when the ``otel`` extra is installed)."""
+    viewer_token: str | None = None
+    """Opens ``GET /sessions`` and ``GET /sessions/{id}/timeline`` to requests that carry it (bearer
+    token, or the password of basic auth); without it they are closed unless ``allow_unsigned``."""
 
 
 class _Reject(Exception):
@@ -254,6 +259,7 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         Route("/bland", endpoint(bland_route), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
+    routes.extend(viewer_routes(store, token=cfg.viewer_token, open_=cfg.allow_unsigned))
     if cfg.retell_llm is not None:
         routes.append(retell_llm_route(cfg.retell_llm, connections, session_prefix=cfg.session_prefix))
     latency = PrometheusLatency() if cfg.metrics else None
@@ -335,6 +341,7 @@ def run_server(
         ("vapi_hmac_secret", "CALLTAPE_VAPI_HMAC_SECRET"),
         ("retell_api_key", "CALLTAPE_RETELL_API_KEY"),
         ("bland_secret", "CALLTAPE_BLAND_SECRET"),
+        ("viewer_token", "CALLTAPE_VIEWER_TOKEN"),
     ):
         if options.get(field_name) is None and env.get(var):
             options[field_name] = env[var]

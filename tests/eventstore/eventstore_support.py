@@ -14,8 +14,7 @@ from sqlalchemy.engine import make_url
 from calltape.errors import StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
-from calltape.eventstore.append_plan import SessionInfo, plan_append
-from calltape.eventstore.postgres import _INSERT_EVENTS, _LOCK_SESSIONS, _SESSION_FIELDS, _UPDATE_SESSIONS
+from calltape.eventstore.postgres import PgWriter
 
 T = TypeVar("T")
 
@@ -55,25 +54,8 @@ async def terminate_other_backends(url: str) -> int:
 
 
 async def pg_append_in_txn(conn: asyncpg.Connection, events: Sequence[Event]) -> list[Event]:
-    """Runs the store's own append SQL on ``conn`` (which the caller keeps in an open transaction)."""
-    sessions = sorted({e.session for e in events})
-    locked = await conn.fetch(_LOCK_SESSIONS, sessions)
-    rows = {r["session"]: SessionInfo(**dict(r)) for r in locked}
-    plan = plan_append(events, rows, {})
-    await conn.execute(
-        _INSERT_EVENTS,
-        [e.session for e in plan.inserts],
-        [e.seq for e in plan.inserts],
-        [e.id for e in plan.inserts],
-        [e.type for e in plan.inserts],
-        [e.at_ms for e in plan.inserts],
-        [e.agent for e in plan.inserts],
-        [e.epoch for e in plan.inserts],
-        [orjson.dumps(e.data).decode() for e in plan.inserts],
-    )
-    changed = list(plan.rows.values())
-    await conn.execute(_UPDATE_SESSIONS, *[[getattr(r, f) for r in changed] for f in _SESSION_FIELDS])
-    return plan.results
+    """Runs the store's own append steps on ``conn`` (which the caller keeps in an open transaction)."""
+    return await PgWriter(conn).append(events)
 
 
 async def insert_raw_event(store: EventStore, session: str, seq: int, event_type: str, data: dict[str, Any]) -> None:

@@ -1,0 +1,327 @@
+"""The store queries both backends share, written once in SQLAlchemy Core over :mod:`schema`.
+
+A :class:`Query` is built for a dialect on first use and compiled once, to SQL text and the order of
+its parameters; after that a call costs a dict lookup and the driver's own execute (asyncpg on
+PostgreSQL, SQLite through SQLAlchemy's driver-level execute), with rows read by position: no
+per-row ORM objects on the read path. A backend supplies only a :class:`Db` (how to run a compiled
+query on its connection) and the paths where speed needs its own SQL: the append, the feed and its
+wake-ups (see ``postgres.py`` and ``sqlite.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any
+
+import orjson
+from sqlalchemy import Integer, Text, bindparam, cast, delete, func, literal, select, update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql import ClauseElement
+
+from calltape.errors import SessionNotFound
+from calltape.events import Event, load_stored, now_ms
+from calltape.eventstore.append_plan import SessionInfo
+from calltape.eventstore.schema import SESSION_COLUMNS, events, sessions, snapshots, tombstones
+from calltape.eventstore.store import EventStore, Tombstone
+from calltape.gcpause import gc_paused
+
+Builder = Callable[[str], ClauseElement]
+"""Builds a statement for a dialect name (``postgresql`` or ``sqlite``)."""
+
+
+class Query:
+    """A Core statement, built and compiled once per dialect; run through a :class:`Db`."""
+
+    __slots__ = ("_build", "_compiled")
+
+    def __init__(self, build: Builder) -> None:
+        self._build = build
+        self._compiled: dict[type[Dialect], tuple[str, tuple[str, ...], dict[str, Any]]] = {}
+
+    def compiled(self, dialect: Dialect) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+        """SQL text in the driver's parameter style, parameter names in order, and bound defaults."""
+        found = self._compiled.get(type(dialect))  # one per driver: they differ in parameter style
+        if found is None:
+            compiled = self._build(dialect.name).compile(dialect=dialect)
+            names = tuple(getattr(compiled, "positiontup", None) or ())
+            found = self._compiled[type(dialect)] = (str(compiled), names, compiled.params)
+        return found
+
+    def bind(self, dialect: Dialect, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """The SQL and its positional parameters for ``params`` (named)."""
+        sql, names, defaults = self.compiled(dialect)
+        return sql, tuple(params[n] if n in params else defaults[n] for n in names)
+
+
+def insert_for(dialect: str) -> Any:
+    """The dialect's ``insert`` (it carries ``on_conflict_do_nothing`` / ``on_conflict_do_update``)."""
+    return postgresql.insert if dialect == "postgresql" else sqlite_dialect.insert
+
+
+class Db(ABC):
+    """One connection (inside a transaction when opened for writing), running compiled queries."""
+
+    dialect: Dialect
+
+    @abstractmethod
+    async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        """The rows, each indexable by position in the query's column order."""
+
+    async def fetchrow(self, query: Query, **params: Any) -> Sequence[Any] | None:
+        """The first row, or None."""
+        rows = await self.fetch(query, **params)
+        return rows[0] if rows else None
+
+    @abstractmethod
+    async def execute(self, query: Query, **params: Any) -> int:
+        """Runs a statement; returns how many rows it changed."""
+
+    @abstractmethod
+    async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Runs a statement once per parameter set."""
+
+
+def dumps_data(data: Any) -> str:
+    """An event's ``data`` as stored (JSON text; PostgreSQL converts it to ``jsonb``)."""
+    return orjson.dumps(data).decode()
+
+
+def to_session_info(row: Sequence[Any]) -> SessionInfo:
+    """A ``ct_sessions`` row (columns in :data:`SESSION_COLUMNS` order) as a :class:`SessionInfo`."""
+    return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9], bool(row[10]))
+
+
+def to_event(row: Sequence[Any]) -> Event:
+    """A stored event from a row of :data:`EVENT_SELECT`'s columns."""
+    return load_stored(
+        session=row[0], seq=row[1], id=row[2], type=row[3], at_ms=row[4], agent=row[5], epoch=row[6], data=row[7]
+    )
+
+
+DATA_TEXT = cast(events.c.data, Text).label("data")
+"""``data`` as JSON text on both backends (PostgreSQL would otherwise hand ``jsonb`` to the codec)."""
+
+EVENT_SELECT = (
+    events.c.session,
+    events.c.seq,
+    events.c.id,
+    events.c.type,
+    events.c.at_ms,
+    events.c.agent,
+    events.c.epoch,
+    DATA_TEXT,
+)
+"""A stored event's columns, in the order :func:`to_event` reads them."""
+
+
+def _session_is(table: Any) -> Any:
+    return table.c.session == bindparam("session")
+
+
+@cache
+def _read(bounded: bool, limited: bool) -> Query:
+    def build(_: str) -> ClauseElement:
+        c = events.c
+        stmt = select(c.seq, c.id, c.type, c.at_ms, c.agent, c.epoch, DATA_TEXT).where(
+            _session_is(events), c.seq > bindparam("after_seq")
+        )
+        if bounded:
+            stmt = stmt.where(c.seq <= bindparam("to_seq"))
+        stmt = stmt.order_by(c.seq)
+        return stmt.limit(bindparam("limit", type_=Integer)) if limited else stmt
+
+    return Query(build)
+
+
+_SEQ_AT_TIME = Query(
+    lambda _: select(
+        select(func.min(events.c.seq))
+        .where(_session_is(events), events.c.at_ms > bindparam("at_ms"))
+        .scalar_subquery(),
+        select(sessions.c.last_seq).where(_session_is(sessions)).scalar_subquery(),
+    )
+)
+
+_SESSION_INFO = Query(lambda _: select(*SESSION_COLUMNS).where(_session_is(sessions), sessions.c.last_seq > 0))
+
+SESSION_ORDER = {
+    "last_at": sessions.c.last_at_ms,
+    "first_at": sessions.c.first_at_ms,
+    "session": sessions.c.session,
+    "events": sessions.c.last_seq,
+}
+"""``sessions(order=…)``: the column each order name sorts by."""
+
+_SESSION_FILTERS = {
+    "agent": lambda: sessions.c.agent == bindparam("agent"),
+    "tenant": lambda: sessions.c.tenant == bindparam("tenant"),
+    "status": lambda: sessions.c.status == bindparam("status"),
+    "since_ms": lambda: sessions.c.last_at_ms >= bindparam("since_ms"),
+    "until_ms": lambda: sessions.c.first_at_ms <= bindparam("until_ms"),
+}
+
+
+@cache
+def _sessions(filters: tuple[str, ...], order: str, descending: bool, limited: bool) -> Query:
+    def build(_: str) -> ClauseElement:
+        column = SESSION_ORDER[order]
+        stmt = select(*SESSION_COLUMNS).where(sessions.c.last_seq > 0, *(_SESSION_FILTERS[f]() for f in filters))
+        stmt = stmt.order_by((column.desc() if descending else column.asc()).nulls_last(), sessions.c.session)
+        return stmt.limit(bindparam("limit", type_=Integer)) if limited else stmt
+
+    return Query(build)
+
+
+_SESSION_FOR_UPDATE = Query(lambda _: select(literal(1)).where(_session_is(sessions)).with_for_update())
+_TOMBSTONE = Query(
+    lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events).where(
+        _session_is(tombstones)
+    )
+)
+_DELETE_EVENTS = Query(lambda _: delete(events).where(_session_is(events)))
+_DELETE_SNAPSHOTS = Query(lambda _: delete(snapshots).where(_session_is(snapshots)))
+_DELETE_SESSION = Query(lambda _: delete(sessions).where(_session_is(sessions)))
+
+
+def _add_tombstone(dialect: str) -> ClauseElement:
+    stmt: Any = insert_for(dialect)(tombstones).values(
+        session=bindparam("session"), erased_at_ms=bindparam("erased_at_ms"), events=bindparam("events")
+    )
+    upsert: ClauseElement = stmt.on_conflict_do_update(
+        index_elements=[tombstones.c.session], set_={"events": tombstones.c.events + stmt.excluded.events}
+    )
+    return upsert
+
+
+_ADD_TOMBSTONE = Query(_add_tombstone)
+_REWRITE_DATA = Query(
+    lambda _: (
+        update(events)
+        .where(events.c.session == bindparam("b_session"), events.c.seq == bindparam("b_seq"))
+        .values(data=bindparam("data", type_=events.c.data.type))
+    )
+)
+_SAVE_SNAPSHOT = Query(
+    lambda d: (
+        insert_for(d)(snapshots)
+        .values(
+            session=bindparam("session"),
+            version=bindparam("version"),
+            seq=bindparam("seq"),
+            state=bindparam("state"),
+            created_at_ms=bindparam("created_at_ms"),
+        )
+        .on_conflict_do_nothing()
+    )
+)
+
+
+@cache
+def _load_snapshot(bounded: bool) -> Query:
+    def build(_: str) -> ClauseElement:
+        c = snapshots.c
+        stmt = select(c.seq, c.state).where(_session_is(snapshots), c.version == bindparam("version"))
+        if bounded:
+            stmt = stmt.where(c.seq <= bindparam("max_seq"))
+        return stmt.order_by(c.seq.desc()).limit(1)
+
+    return Query(build)
+
+
+class SqlEventStore(EventStore):
+    """The store methods both backends share; a backend adds :meth:`_db`, the append and the feed."""
+
+    engine: AsyncEngine
+
+    @abstractmethod
+    def _db(self, *, write: bool = False) -> contextlib.AbstractAsyncContextManager[Db]:
+        """A connection running compiled queries; ``write``: inside a write transaction."""
+
+    async def _fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        async with self._db() as db:
+            return await db.fetch(query, **params)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        query = _read(to_seq is not None, limit is not None)
+        rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+        loads = orjson.loads
+        with gc_paused(len(rows)):
+            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+
+    async def seq_at_time(self, session: str, at_ms: int) -> int:
+        (first_after, last_seq), *_ = await self._fetch(_SEQ_AT_TIME, session=session, at_ms=at_ms)
+        return int(first_after) - 1 if first_after is not None else int(last_seq or 0)
+
+    async def session_info(self, session: str) -> SessionInfo | None:
+        rows = await self._fetch(_SESSION_INFO, session=session)
+        return to_session_info(rows[0]) if rows else None
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        tenant: str | None = None,
+        status: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        order: str = "last_at",
+        descending: bool = True,
+        limit: int | None = None,
+    ) -> list[SessionInfo]:
+        given = {"agent": agent, "tenant": tenant, "status": status, "since_ms": since_ms, "until_ms": until_ms}
+        params = {k: v for k, v in given.items() if v is not None}
+        query = _sessions(tuple(params), order, descending, limit is not None)
+        return [to_session_info(r) for r in await self._fetch(query, **params, limit=limit)]
+
+    # -- erasure and rewriting ---------------------------------------------------------------
+
+    async def erase(self, session: str) -> int:
+        async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_UPDATE, session=session) is None:
+                if await db.fetchrow(_TOMBSTONE, session=session) is None:
+                    raise SessionNotFound(session)
+                return 0
+            count = await db.execute(_DELETE_EVENTS, session=session)
+            await db.execute(_DELETE_SNAPSHOTS, session=session)
+            await db.execute(_DELETE_SESSION, session=session)
+            await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count)
+            return count
+
+    async def tombstone(self, session: str) -> Tombstone | None:
+        rows = await self._fetch(_TOMBSTONE, session=session)
+        return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        async with self._db(write=True) as db:
+            await db.executemany(
+                _REWRITE_DATA, [{"b_session": session, "b_seq": seq, "data": dumps_data(data)} for seq, data in changes]
+            )
+            await db.execute(_DELETE_SNAPSHOTS, session=session)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        async with self._db(write=True) as db:
+            await db.execute(
+                _SAVE_SNAPSHOT, session=session, version=version, seq=seq, state=state, created_at_ms=now_ms()
+            )
+
+    async def load_snapshot(
+        self, session: str, version: int, *, max_seq: int | None = None
+    ) -> tuple[int, bytes] | None:
+        query = _load_snapshot(max_seq is not None)
+        rows = await self._fetch(query, session=session, version=version, max_seq=max_seq)
+        return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+    async def close(self) -> None:
+        await self.engine.dispose()
