@@ -21,7 +21,7 @@ import sys
 import uuid
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
@@ -59,6 +59,16 @@ _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 def db_upgrade(
     ctx: typer.Context,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the revisions before and after).")] = False,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            "--grant",
+            metavar="ROLE",
+            help="PostgreSQL: give this existing role what the application needs (read and write the calltape "
+            "tables' rows; no ownership, no bypass of row-level security), so tenants are kept apart for it.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
     from calltape.cli.dberrors import database_errors
@@ -67,14 +77,19 @@ def db_upgrade(
 
     url = database_url(ctx)
     with database_errors(url):
-        before, after = run(upgrade(url))
+        before, after = run(upgrade(url, grant=grant))
     place = where(url)
     if json_out:
-        write_json({"database": place, "before": before, "after": after, "upgraded": before != after})
+        result: dict[str, object] = {"database": place, "before": before, "after": after, "upgraded": before != after}
+        if grant is not None:
+            result["granted"] = grant
+        write_json(result)
     elif before == after:
         out().print(f"The {place} is already at schema revision {after}.")
     else:
         out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.")
+    if grant is not None and not json_out:
+        out().print(f"Role '{grant}' may now read and write calltape rows, one tenant at a time.")
 
 
 def db_info(
@@ -507,25 +522,16 @@ def replay(
         raise CliError("--into must name a new session, not the one being replayed")
 
     async def copy() -> int:
-        from calltape.errors import ConcurrencyConflict
-        from calltape.events import new_event_id
+        from calltape.eventstore.fork import ForkRefused, fork_session
 
         async with opened_store(ctx) as store:
             info = await require_session(store, session)
             if to is not None:
                 within(info, to, "--to")
-            existing = await store.session_info(into)
-            if existing is not None and existing.last_seq > 0:
-                raise CliError(
-                    f"session '{into}' already has {existing.last_seq} events; replay needs a new session id"
-                )
-            events = await store.read(session, to_seq=to)
-            copies = [replace(e, session=into, id=new_event_id(), seq=None) for e in events]
             try:
-                await store.append(copies, expected_seq=0)
-            except ConcurrencyConflict:
-                raise CliError(f"session '{into}' received events while the replay ran; nothing was copied") from None
-            return len(copies)
+                return await fork_session(store, session, into, to_seq=to)
+            except ForkRefused as refused:
+                raise CliError(str(refused)) from None
 
     count = run(copy())
     if json_out:

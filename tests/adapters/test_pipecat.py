@@ -344,6 +344,30 @@ async def test_words_heard_before_barge_in_are_kept(call: CallSession) -> None:
     await bot.cancel()
 
 
+async def test_an_interrupted_reply_stops_being_spoken_when_the_bot_goes_quiet(
+    call: CallSession, recorder: Recorder
+) -> None:
+    """Pipecat drops an interrupted reply's end frame, so only the bot falling silent says its speech
+    ended; without it every barge-in over speech looked like talk-over that never stopped."""
+    llm = ScriptedLLM([[Say("Your order shipped on Monday. It is with the courier now and should arrive by Friday.")]])
+    played = PlayedText()
+    bot = build_voice_bot(llm, observers=[CalltapeObserver(call), played])
+    await bot.start()
+    await user_says(bot, "where is my order")
+    await asyncio.wait_for(played.event.wait(), 5)
+    await barge_in(bot)
+    await eventually(lambda: call.fold.replies()[0].speech_ended)
+    first = call.fold.replies()[0]
+    assert first.interrupted and first.speech_started
+    await recorder.flush()
+    events = await recorder.store.read(call.session_id)
+    ended = [e for e in events if e.type == "agent.speech.ended" and e.data["reply"] == first.reply]
+    assert [e.data.get("interrupted") for e in ended] == [True]
+    cut = next(e for e in events if e.type == "interruption")
+    assert (ended[0].seq or 0) > (cut.seq or 0) and ended[0].at_ms - cut.at_ms < 2000  # not talking on
+    await bot.cancel()
+
+
 # ---------------------------------------------------------------------------------------------
 # A handler that hangs (Pipecat's function_call_timeout_secs is None by default since 1.0)
 

@@ -184,7 +184,7 @@ class TcpProxy:
 
 
 async def at_revision(url: str, revision: str) -> None:
-    """Migrates a database only as far as ``revision`` (``"0001"``: the schema as v0.1 left it)."""
+    """A database migrated only as far as ``revision``, as an older calltape left it."""
     from alembic import command
     from sqlalchemy.ext.asyncio import create_async_engine
 

@@ -276,6 +276,7 @@ class CalltapeObserver(BaseObserver):
             playing = self._playouts.get(self._playing or "")
             if playing is not None and playing.end_played:
                 self._speech_ended(playing.rid)
+            self._cut_speech_ended()
         elif isinstance(frame, EndFrame):
             self._finished = self._finished or "end"
             self._finish_reason = _reason(frame.reason)
@@ -483,6 +484,14 @@ class CalltapeObserver(BaseObserver):
             playout.extra += (" " if playout.heard(generated) else "") + piece
         self.replies.speech_started(rid)
         self.replies.heard(rid, playout.heard(generated))
+
+    def _cut_speech_ended(self) -> None:
+        """The bot went quiet: an interrupted reply that was playing stopped here (Pipecat drops its
+        end frame on the interruption, so this is the only sign that the talking over ended)."""
+        for rid in list(self._playouts):
+            st = self.replies.state(rid)
+            if st is not None and st.interrupted and st.speech_started and not st.speech_ended:
+                self.replies.speech_ended(rid, interrupted=True)
 
     def _speech_ended(self, rid: str) -> None:
         st = self.replies.state(rid)
