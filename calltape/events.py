@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
 )
 
+from calltape.canonical_json import canonical_bytes
 from calltape.errors import InvalidEvent
 
 # ---------------------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ class Event:
         """One JSONL line; ``data`` keys sorted, so both backends export byte-identical lines
         (PostgreSQL's jsonb does not keep key order)."""
         wire = self.to_wire()
-        wire["data"] = orjson.Fragment(orjson.dumps(self.data, option=orjson.OPT_SORT_KEYS))
+        wire["data"] = orjson.Fragment(canonical_bytes(self.data))
         return orjson.dumps(wire)
 
 
