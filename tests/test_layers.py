@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "calltape.projections": 2,
     "calltape.runtime": 3,
     "calltape.checks": 3,  # the check rules: events and the fold, nothing of the runtime
+    "calltape.picture": 3,  # the timeline picture: the fold drawn as HTML (for the CLI and serve)
     "calltape.adapters": 4,
     "calltape.server": 4,
     "calltape.demo": 4,

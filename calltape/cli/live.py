@@ -353,6 +353,9 @@ def serve(
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.
+    Any call's timeline picture is at GET /sessions/ID/timeline (list: GET /sessions) for requests
+    that carry CALLTAPE_VIEWER_TOKEN (bearer, or basic-auth password); closed without it, open with
+    --allow-unsigned.
     Runs until Ctrl-C. Needs the serve extra: pip install 'calltape[serve]'.
     """
     from calltape.extras import requires_extra

@@ -12,7 +12,10 @@ The projection is the only authority on what the context holds: the timeline fol
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,9 +25,11 @@ from rich.table import Table
 from rich.text import Text
 
 from calltape.cli.common import (
+    CliError,
     clock,
     compact_json,
     duration,
+    note,
     offset,
     opened_store,
     out,
@@ -406,6 +411,14 @@ def show(
         bool, typer.Option("--verbose", "-v", help="Also show interims, deltas, playout and VAD details.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Write the timeline picture as one self-contained HTML page to FILE (- for stdout).",
+        ),
+    ] = None,
 ) -> None:
     """Show a session as a timeline: user and agent lanes, heard vs generated text, tools, barge-ins.
 
@@ -421,7 +434,14 @@ def show(
                 within(info, to, "--to")
             return info, await store.read(session, to_seq=to)
 
+    if html is not None and json_out:
+        raise CliError("--html and --json cannot be used together; choose one.")
     info, events = run(load())
+    if html is not None:
+        from calltape.picture import timeline_html
+
+        _write_html(html, timeline_html(events, info))
+        return
     tl = build_timeline(events, verbose=verbose)
     summary = _summary(tl)
     if json_out:
@@ -473,6 +493,26 @@ def show(
         )
         return
     _print(info, tl, summary, to)
+
+
+def _write_html(path: Path, page: str) -> None:
+    """Writes the page whole or not at all (a temporary file renamed into place)."""
+    if str(path) == "-":
+        sys.stdout.write(page)
+        sys.stdout.flush()
+        return
+    if path.is_dir():
+        raise CliError(f"{path} is a directory; give a file name for the HTML page.")
+    if not path.parent.is_dir():
+        raise CliError(f"cannot write {path}: the directory {path.parent} does not exist.")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}.") from None
+    note(f"Wrote the timeline picture to {path}.")
 
 
 def _print(info: SessionInfo, tl: Timeline, summary: dict[str, Any], to: int | None) -> None:

@@ -22,7 +22,7 @@ import logging
 import os
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
@@ -157,6 +157,7 @@ class Recorder:
         self._finished = 0
         self._flush_waiters: list[list[Any]] = []  # [target, future]
         self._in_handler = False
+        self._watchers: dict[str, list[RejectHandler]] = {}
         self._last_refusal = CalltapeError("the store refused the write")
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -287,6 +288,15 @@ class Recorder:
         Gives up after ``timeout`` seconds (default: the recorder's ``durable_timeout``, 10 s; ``None``
         waits forever) with :class:`DurableAppendTimeout`, which says whether the event was taken back.
         """
+        return await self.submit(event, timeout=timeout)
+
+    def submit(self, event: Event, *, timeout: float | object | None = _WAIT) -> Awaitable[Event]:
+        """:meth:`append` in two steps: queues the event now (in order with every ``emit`` before and
+        after this call) and returns what to await for its commit.
+
+        A caller that must do something between queueing and waiting (the live session folds the
+        event, so its fold keeps the log's order) uses this; the waiting is the same as ``append``'s.
+        """
         if self._closed:
             raise RecorderClosed("the recorder is closed")
         if self._task is None:
@@ -312,6 +322,11 @@ class Recorder:
         self._idle.clear()
         self._hurry.set()
         self._wake.set()
+        return self._committed(pending, timeout)
+
+    async def _committed(self, pending: _Pending, timeout: float | None) -> Event:
+        done = pending.done
+        assert done is not None
         if timeout is None:
             return await done
         try:
@@ -325,6 +340,21 @@ class Recorder:
                 self._durable -= 1
                 self._finish(1)
             raise DurableAppendTimeout(timeout, withdrawn) from None
+
+    def watch(self, session: str, handler: RejectHandler) -> Callable[[], None]:
+        """Also tells ``handler`` about every refused event of ``session`` (after ``on_rejected``);
+        returns the function that stops it. The live session uses it to keep refused writes out of
+        its fold and to report fenced writes."""
+        handlers = self._watchers.setdefault(session, [])
+        handlers.append(handler)
+
+        def unwatch() -> None:
+            with contextlib.suppress(ValueError):
+                handlers.remove(handler)
+            if not handlers and self._watchers.get(session) is handlers:
+                del self._watchers[session]
+
+        return unwatch
 
     async def flush(self) -> None:
         """Waits until every event accepted before this call has committed (or been rejected).
@@ -488,9 +518,11 @@ class Recorder:
         self.stats.rejected += 1
         self._in_handler = True
         try:
-            self.on_rejected([pending.event], exc)
-        except Exception:
-            log.exception("calltape: on_rejected failed")
+            for handler in (self.on_rejected, *self._watchers.get(pending.event.session, ())):
+                try:
+                    handler([pending.event], exc)
+                except Exception:
+                    log.exception("calltape: a rejection handler failed")
         finally:
             self._in_handler = False
         if pending.done is not None and not pending.done.done():

@@ -651,6 +651,13 @@ class ContextFold:
             c.cancel_outcome = outcome
             self._refresh_call(c)
 
+    def adopt(self, other: ContextFold) -> None:
+        """Takes ``other``'s whole state in place (``other`` must not be used after), so whoever
+        holds this fold, such as an adapter's reply tracker, reads the new state. The live session
+        uses it to drop a write the store refused: it refolds the log and adopts the result."""
+        for name in ContextFold.__slots__:
+            setattr(self, name, getattr(other, name))
+
     # -- snapshots (the codec is :mod:`calltape.projections.snapshot`) ----------------------
 
     def to_snapshot(self) -> bytes:

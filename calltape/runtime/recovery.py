@@ -166,28 +166,20 @@ recoveries = RecoveryBus()
 """The process-wide bus; ``recoveries.add_sink(fn)`` or ``async for r in recoveries.stream.subscribe()``."""
 
 
-def watch_fenced_writes(recorder: Recorder, bus: RecoveryBus) -> None:
+def report_fenced_writes(recorder: Recorder, bus: RecoveryBus, events: Sequence[Event], error: CalltapeError) -> None:
     """Reports the writes a recorder had rejected for a stale epoch (a zombie agent after a resume).
 
     The zombie cannot write to the log at its old epoch, so the fact is recorded without an epoch (an
-    ``x.recovery`` event, ignored by projections) for ``calltape stats`` to count."""
-    if getattr(recorder, "_fenced_writes_watched", False):
+    ``x.recovery`` event, ignored by projections) for ``calltape stats`` to count. The live session
+    calls it from its :meth:`Recorder.watch` handler."""
+    if not isinstance(error, FencedWrite):
         return
-    previous = recorder.on_rejected
-
-    def on_rejected(events: Sequence[Event], error: CalltapeError) -> None:
-        previous(events, error)
-        if not isinstance(error, FencedWrite):
-            return
-        for event in events:
-            figures = {"type": event.type, "epoch": error.epoch, "current_epoch": error.current}
-            bus.report(Recovery("fenced_write", event.session, figures))
-            with contextlib.suppress(CalltapeError):
-                recorder.emit(
-                    make_event(
-                        event.session, RECOVERY_EVENT_TYPE, {"kind": "fenced_write", **figures}, agent=event.agent
-                    )
-                )
-
-    recorder.on_rejected = on_rejected
-    recorder._fenced_writes_watched = True  # type: ignore[attr-defined]
+    for event in events:
+        if event.type == RECOVERY_EVENT_TYPE:
+            continue  # the note of a refused write is not itself noted: that could go on forever
+        figures = {"type": event.type, "epoch": error.epoch, "current_epoch": error.current}
+        bus.report(Recovery("fenced_write", event.session, figures))
+        with contextlib.suppress(CalltapeError):
+            recorder.emit(
+                make_event(event.session, RECOVERY_EVENT_TYPE, {"kind": "fenced_write", **figures}, agent=event.agent)
+            )

@@ -1,27 +1,34 @@
 """The live call: one session's writer, its live context, its waiters and its tools.
 
-Every event goes through :meth:`CallSession.emit`: validated, handed to the recorder (no I/O) and
-folded at once into the live :class:`~calltape.projections.ContextFold` — the same fold a replay
-runs — so the context the agent gets now is the context the log will rebuild later.
+Every event goes one way: built once (:func:`~calltape.events.make_event`, stamped with the
+writer's agent and epoch), queued on the recorder (no I/O) and folded at once into the live
+:class:`~calltape.projections.ContextFold` in the order it was queued, which is the log's order, so
+the context the agent gets now is the context the log will rebuild later. A write the store refuses
+(a fenced zombie, an erased session) must not stay in that fold: the recorder tells the session
+(:meth:`~calltape.eventstore.recorder.Recorder.watch`), and the session refolds its log without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from calltape.errors import CalltapeError
-from calltape.events import Event
-from calltape.eventstore.recorder import Recorder, SessionTape
+from calltape.events import Event, make_event
+from calltape.eventstore.recorder import DurableAppendTimeout, Recorder
 from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
 from calltape.runtime.protocol import LiveCall
-from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, watch_fenced_writes
+from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
 from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 from calltape.runtime.waits import Interrupted, PlayoutWaiters
+
+log = logging.getLogger(__name__)
 
 
 class CallSession:
@@ -46,12 +53,26 @@ class CallSession:
         self.recorder = recorder
         self.session_id = session_id
         self.fold = fold
-        self.tape: SessionTape = recorder.session(session_id, agent=agent, epoch=epoch)
+        self.writer_agent = agent
+        """The agent stamped on the events this call writes (moves on a handoff)."""
+        self._epoch = epoch
         self.tools: dict[str, ToolSpec] = dict(tools or {})
         self.bus = bus or recoveries
         self.playout = PlayoutWaiters()
         self.runner = ToolRunner(self)
-        watch_fenced_writes(recorder, self.bus)
+        self._refused: set[str] = set()  # ids the store refused that the fold still holds
+        self._refold_task: asyncio.Task[None] | None = None
+        self._refold_again = False
+        self._journal: list[Event] | None = None  # what is folded while a refold reads the log
+        # The recorder holds the call only weakly: a call that is gone stops being told.
+        method = weakref.WeakMethod(self._on_refused)
+
+        def on_refused(events: Sequence[Event], error: CalltapeError) -> None:
+            handler = method()
+            if handler is not None:
+                handler(events, error)
+
+        weakref.finalize(self, recorder.watch(session_id, on_refused))
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -108,7 +129,12 @@ class CallSession:
     @property
     def epoch(self) -> int | None:
         """This writer's epoch: a writer of an older epoch is refused by the store."""
-        return self.tape.epoch
+        return self._epoch
+
+    def _make(self, event_type: str, data: Mapping[str, Any] | None, at_ms: int | None, id: str | None) -> Event:
+        return make_event(
+            self.session_id, event_type, data, id=id, agent=self.writer_agent, epoch=self._epoch, at_ms=at_ms
+        )
 
     def emit(
         self,
@@ -121,10 +147,13 @@ class CallSession:
         """Records one event without waiting (the voice loop's call) and folds it into the live context.
 
         A fixed ``id`` makes re-emitting the same fact harmless: the store and the fold skip duplicates."""
-        event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
+        # make_event spelled out rather than self._make: this is the voice loop's hot path
+        event = make_event(
+            self.session_id, event_type, data, id=id, agent=self.writer_agent, epoch=self._epoch, at_ms=at_ms
+        )
         if id is not None and self.fold.knows(id):
             return event
-        self.recorder.emit(event)
+        self.recorder.emit(event)  # raises (RecorderFull, RecorderClosed) before anything is folded
         self._fold(event)
         return event
 
@@ -136,14 +165,29 @@ class CallSession:
         at_ms: int | None = None,
         id: str | None = None,
     ) -> Event:
-        """Records one event and returns once it has committed (after everything emitted before it)."""
-        event = self.tape.make(event_type, data, at_ms=at_ms, id=id)
+        """Records one event and returns once it has committed (after everything emitted before it).
+
+        If the store refuses it (:class:`~calltape.errors.FencedWrite` after a resume elsewhere, an
+        erased session…), the error is raised once the live context no longer holds the event."""
+        event = self._make(event_type, data, at_ms, id)
+        committed = self.recorder.submit(event)  # queued now: folded in the log's order
         self._fold(event)
-        # settle: a virtual-clock test loop (LiveKit's) must not jump ahead while the commit is made
-        return await settle(self.recorder.append(event))
+        try:
+            # settle: a virtual-clock test loop (LiveKit's) must not jump ahead while the commit is made
+            return await settle(committed)
+        except DurableAppendTimeout as exc:
+            if exc.withdrawn:  # taken back: it will never be in the log (the refold waits for the store)
+                self._on_refused([event], exc)
+            raise
+        except CalltapeError:
+            await self._refolded()  # the recorder told _on_refused before it failed the append
+            raise
 
     def _fold(self, event: Event) -> None:
         self.fold.apply(event)
+        journal = self._journal
+        if journal is not None:
+            journal.append(event)
         kind = event.type
         if kind == "interruption":
             self.playout.interrupt(event.data.get("reply"), event.data.get("cause"))
@@ -163,7 +207,7 @@ class CallSession:
                 if state is not None and not (state.generating or state.awaiting_playout or state.interrupted):
                     self.playout.finish(reply)
         elif kind == "agent.handoff":
-            self.tape.agent = event.data["to"]
+            self.writer_agent = event.data["to"]
         elif kind in ("session.ended", "session.dropped"):
             self.playout.interrupt(None, kind)
 
@@ -171,13 +215,59 @@ class CallSession:
         """Reports a recovery to the sinks and records it in the session's log (``x.recovery``)."""
         self.bus.report(recovery)
         try:
-            event = self.tape.make(RECOVERY_EVENT_TYPE, recovery.as_data())
+            event = self._make(RECOVERY_EVENT_TYPE, recovery.as_data(), None, None)
             self.recorder.emit(event)
         except CalltapeError:
             return  # a full or closed recorder: the sinks have it; the call must go on
         # Folded like every other event it writes (the fold skips x. types but counts them), so the
         # live context's seq / last_clean_seq stay those of the log.
-        self.fold.apply(event)
+        self._fold(event)
+
+    # -- refused writes ---------------------------------------------------------------------
+
+    def _on_refused(self, events: Sequence[Event], error: CalltapeError) -> None:
+        """The recorder's word that the store refused some of this session's events (writer task)."""
+        report_fenced_writes(self.recorder, self.bus, events, error)
+        folded = [e.id for e in events if self.fold.knows(e.id)]
+        if not folded:
+            return
+        self._refused.update(folded)
+        if self._refold_task is None or self._refold_task.done():
+            self._refold_task = asyncio.get_running_loop().create_task(self._refold(), name="calltape-refold")
+        else:
+            self._refold_again = True
+
+    async def _refolded(self) -> None:
+        """Waits for the refold under way, if any."""
+        while self._refold_task is not None and not self._refold_task.done():
+            await asyncio.shield(self._refold_task)
+
+    async def _refold(self) -> None:
+        """Rebuilds the live fold without the refused events: the log as this writer's epoch sees it
+        (a zombie does not take in its successor's events), then what was folded while reading it.
+
+        Refused writes are rare (a fenced zombie, an erased session), so this reads the whole log."""
+        while True:
+            self._refold_again = False
+            journal = self._journal = []
+            try:
+                await self.recorder.flush()  # everything queued so far is committed or refused now
+                stored = await self.recorder.store.read(self.session_id)
+            except Exception as exc:  # never fail the call: the fold keeps the refused event
+                log.error("calltape: could not refold session %s (%s)", self.session_id, type(exc).__name__)
+                self._journal = None
+                return
+            refused, epoch = self._refused, self._epoch
+            fresh = ContextFold(self.session_id)
+            fresh.apply_many([e for e in stored if e.epoch is None or epoch is None or e.epoch <= epoch])
+            for event in journal:
+                if event.id not in refused:
+                    fresh.apply(event)
+            self._journal = None
+            self.fold.adopt(fresh)
+            refused.clear()
+            if not self._refold_again:
+                return
 
     # -- reading the live context -------------------------------------------------------------
 

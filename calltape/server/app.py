@@ -4,8 +4,9 @@ Every request is authenticated before its body is parsed, bounded in size, and v
 before anything is written: a bad request gets a one-sentence 4xx and leaves the log untouched. Event ids
 are derived from the payloads, so the platforms' retries are harmless (appending a known id is a no-op).
 
-Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``GET /healthz``, and, when the application
-brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
+Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``GET /healthz``, the timeline pictures
+(``GET /sessions``, ``GET /sessions/{id}/timeline``, see :mod:`calltape.server.timeline_view`), and,
+when the application brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
 ``/retell/llm/{call_id}`` (see :mod:`calltape.server.retell_llm`). A platform without a secret configured is
 refused (403) unless ``allow_unsigned`` is set (local development only).
 """
@@ -36,6 +37,7 @@ from calltape.events import Event
 from calltape.projections import build_context
 from calltape.server.limits import AbortedUploads, bounded_protocol
 from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
+from calltape.server.timeline_view import viewer_routes
 
 __all__ = ["ReceiverConfig", "create_app", "run_server"]
 
@@ -74,6 +76,9 @@ class ReceiverConfig:
     """Open connections the server keeps at most; more are refused at once."""
     retell_llm: RetellLLMEndpoint | None = None
     """Mounts the Retell custom-LLM WebSocket (the application's LLM behind it)."""
+    viewer_token: str | None = None
+    """Opens ``GET /sessions`` and ``GET /sessions/{id}/timeline`` to requests that carry it (bearer
+    token, or the password of basic auth); without it they are closed unless ``allow_unsigned``."""
 
 
 class _Reject(Exception):
@@ -247,6 +252,7 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         Route("/bland", endpoint(bland_route), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
+    routes.extend(viewer_routes(store, token=cfg.viewer_token, open_=cfg.allow_unsigned))
     if cfg.retell_llm is not None:
         routes.append(retell_llm_route(cfg.retell_llm, connections, session_prefix=cfg.session_prefix))
 
@@ -306,6 +312,7 @@ def run_server(
         ("vapi_hmac_secret", "CALLTAPE_VAPI_HMAC_SECRET"),
         ("retell_api_key", "CALLTAPE_RETELL_API_KEY"),
         ("bland_secret", "CALLTAPE_BLAND_SECRET"),
+        ("viewer_token", "CALLTAPE_VIEWER_TOKEN"),
     ):
         if options.get(field_name) is None and env.get(var):
             options[field_name] = env[var]

@@ -9,6 +9,11 @@ records an ``interruption`` of the latest reply at the scenario's first ``await`
 its own session in one private in-memory store; runs go concurrently. Every run is checked with
 :func:`calltape.testing.invariant_violations` (the ``calltape check`` rules and the context
 invariants) and with the user's own assertions.
+
+An agent on a real framework lands its barge-ins through the framework: its scripted caller registers
+itself with :func:`set_barge_in` (:class:`calltape.testing.pipecat.PipecatCaller` and
+:class:`calltape.testing.livekit.LiveKitCaller` do), and at run k the caller starts talking over the
+bot instead of the interruption being written on the call directly.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +37,19 @@ Scenario = Callable[[CallSession], Awaitable[None]]
 Assertion = Callable[["Run"], Any]
 """The user's own checks of one run (raise ``AssertionError``; may be async)."""
 
-__all__ = ["Exploration", "Run", "explore"]
+__all__ = ["Exploration", "Run", "explore", "set_barge_in"]
+
+BargeIn = Callable[[], Any]
+"""How a barge-in reaches the agent's framework (may return an awaitable)."""
+
+_BARGE_INS: weakref.WeakKeyDictionary[CallSession, BargeIn] = weakref.WeakKeyDictionary()
+
+
+def set_barge_in(call: CallSession, barge_in: BargeIn) -> None:
+    """Makes exploration land its barge-ins on ``call`` through ``barge_in`` (a scripted caller
+    speaking into the real pipeline) instead of recording an interruption on the call directly, so
+    the framework's own interruption handling is what gets explored."""
+    _BARGE_INS[call] = barge_in
 
 
 @dataclass
@@ -110,6 +128,7 @@ class _BargeIn:
         self.at = at
         self.count = 1  # session.started, recorded before the scenario runs
         self.after: str | None = None
+        self.landing: asyncio.Future[Any] | None = None
         self.types: list[str] = ["session.started"]
         original = call._fold
 
@@ -129,7 +148,13 @@ class _BargeIn:
         if {"session.ended", "session.dropped"} & set(self.types):
             return
         self.after = f"{self.types[-1]}, event {self.count}"
-        self.call.interrupt(cause="user_speech")
+        barge_in = _BARGE_INS.get(self.call)
+        if barge_in is None:
+            self.call.interrupt(cause="user_speech")
+            return
+        result = barge_in()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            self.landing = asyncio.ensure_future(result)
 
 
 async def _one_run(
@@ -157,6 +182,11 @@ async def _one_run(
             run.interrupted = True
         except Exception as exc:
             run.problems.append(f"the scenario raised {type(exc).__name__}")
+        if hook.landing is not None:
+            try:
+                await hook.landing
+            except Exception as exc:
+                run.problems.append(f"the barge-in raised {type(exc).__name__}")
         if not {"session.ended", "session.dropped"} & set(hook.types):
             await call.end("scenario finished")
     finally:

@@ -18,22 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
     Frame,
-    FunctionCallFromLLM,
     LLMContextFrame,
-    LLMFullResponseEndFrame,
-    LLMFullResponseStartFrame,
     OutputAudioRawFrame,
     StartFrame,
-    TTSAudioRawFrame,
 )
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.pipeline import Pipeline
@@ -45,8 +40,6 @@ from pipecat.processors.aggregators.llm_response_universal import (
     LLMUserAggregatorParams,
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.llm_service import LLMService
-from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
 from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import (
@@ -55,33 +48,13 @@ from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import (
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
+from calltape.testing.pipecat import Call, Pause, Say, Step  # noqa: F401 - the tests import them from here
+from calltape.testing.pipecat import ScriptedLLM as _ShippedLLM
+from calltape.testing.pipecat import ScriptedTTS as _ShippedTTS
+
 SAMPLE_RATE = 16000
 
 
-def _offline_sentences() -> None:
-    """Pipecat < 1.11 splits TTS text into sentences with NLTK, whose ``punkt_tab`` data it downloads at
-    run time; offline, split at sentence punctuation instead (no network in tests)."""
-    from pipecat.utils import string as pipecat_string
-
-    loader = getattr(pipecat_string, "_sent_tokenizer", None)
-    if loader is None or inspect.signature(loader).parameters:  # >= 1.11: a bundled splitter
-        return
-    try:
-        import nltk
-
-        nltk.data.find("tokenizers/punkt_tab")
-    except LookupError:
-        import re
-
-        def split(text: str) -> list[str]:
-            return [s for s in re.split(r"(?<=[.!?;])\s+", text) if s]
-
-        pipecat_string._sent_tokenizer = lambda: split  # type: ignore[attr-defined]
-    except ImportError:
-        return
-
-
-_offline_sentences()
 
 LIVE_BOTS: list[VoiceBot] = []
 """Pipelines started by the current test (a fixture stops what a failing test left running)."""
@@ -91,94 +64,28 @@ LIVE_BOTS: list[VoiceBot] = []
 # The scripted LLM
 
 
-@dataclass
-class Say:
-    """Stream ``text`` word by word, ``gap`` seconds between words."""
-
-    text: str
-    gap: float = 0.0
-
-
-@dataclass
-class Call:
-    """Request a tool call (collected, then run through ``run_function_calls`` like a real service)."""
-
-    name: str
-    call_id: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Pause:
-    seconds: float
-
-
-Step = Say | Call | Pause
-
-
-class ScriptedLLM(LLMService):  # type: ignore[misc]
-    """An ``LLMService`` that plays one scripted turn per inference and records what it was sent."""
+class ScriptedLLM(_ShippedLLM):
+    """The shipped offline LLM (``calltape.testing.pipecat``), telling the tests when it is asked."""
 
     def __init__(self, turns: Sequence[Sequence[Step]] = (), **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.turns: list[list[Step]] = [list(t) for t in turns]
-        self.received: list[list[dict[str, Any]]] = []
+        super().__init__(turns, **kwargs)
         self.inference = asyncio.Event()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
         if isinstance(frame, LLMContextFrame):
-            self.received.append(copy.deepcopy(list(frame.context.get_messages())))
             self.inference.set()
-            turn = self.turns.pop(0) if self.turns else []
-            try:
-                await self.push_frame(LLMFullResponseStartFrame())
-                await self._play(turn, frame.context)
-            finally:
-                await self.push_frame(LLMFullResponseEndFrame())
-        else:
-            await self.push_frame(frame, direction)
-
-    async def _play(self, turn: list[Step], context: LLMContext) -> None:
-        calls: list[FunctionCallFromLLM] = []
-        for step in turn:
-            if isinstance(step, Say):
-                words = step.text.split(" ")
-                for i, word in enumerate(words):
-                    await self._push_llm_text(word if i == 0 else " " + word)
-                    if step.gap:
-                        await asyncio.sleep(step.gap)
-            elif isinstance(step, Call):
-                calls.append(
-                    FunctionCallFromLLM(
-                        function_name=step.name,
-                        tool_call_id=step.call_id,
-                        arguments=step.arguments,
-                        context=context,
-                    )
-                )
-            else:
-                await asyncio.sleep(step.seconds)
-        if calls:
-            await self.run_function_calls(calls)
+        await super().process_frame(frame, direction)
 
 
 # ---------------------------------------------------------------------------------------------
 # The scripted TTS and the null audio device
 
 
-class ScriptedTTS(TTSService):  # type: ignore[misc]
-    """A ``TTSService`` producing ``word_secs`` of (non-silent) audio per word."""
+class ScriptedTTS(_ShippedTTS):
+    """The shipped offline TTS (``calltape.testing.pipecat``) at the tests' pace: 60 ms per word."""
 
     def __init__(self, *, word_secs: float = 0.06, **kwargs: Any) -> None:
-        super().__init__(sample_rate=SAMPLE_RATE, push_start_frame=True, push_stop_frames=True, **kwargs)
-        self._word_secs = word_secs
-
-    async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
-        words = max(1, len(text.split()))
-        n_samples = int(SAMPLE_RATE * self._word_secs * words)
-        audio = b"\x10\x02" * n_samples
-        yield TTSAudioRawFrame(audio, SAMPLE_RATE, 1, context_id=context_id)
+        super().__init__(word_secs=word_secs, **kwargs)
 
 
 class NullOutputTransport(BaseOutputTransport):  # type: ignore[misc]

@@ -124,7 +124,8 @@ class PlayedText(BaseObserver):
 
 
 class RecordingCall:
-    """A stand-in for CallSession that only collects what the observer emits (mapping tests only)."""
+    """A recording-only EventSink (not a LiveCall) that collects what the observer emits (mapping
+    tests only): the observer records the end of the session as one more event."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -133,12 +134,6 @@ class RecordingCall:
     def emit(self, event_type: str, data: Any = None) -> Event:
         self.events.append((event_type, dict(data or {})))
         return make_event("mapping-test", event_type, dict(data or {}))
-
-    async def end(self, reason: str | None = None) -> None:
-        self.events.append(("session.ended", {"reason": reason}))
-
-    async def drop(self, reason: str | None = None) -> None:
-        self.events.append(("session.dropped", {"reason": reason}))
 
     def of(self, event_type: str) -> list[dict[str, Any]]:
         return [d for t, d in self.events if t == event_type]
@@ -186,7 +181,7 @@ async def test_observer_maps_a_voice_turn_once_per_frame() -> None:
         "It shipped. It arrives tomorrow.",
     ]
     assert types.index("agent.reply.done") < types.index("agent.speech.ended")
-    assert rec.events[-1] == ("session.ended", {"reason": None})
+    assert rec.events[-1] == ("session.ended", {})
 
 
 async def test_a_failing_recorder_never_breaks_the_pipeline() -> None:
@@ -346,6 +341,30 @@ async def test_words_heard_before_barge_in_are_kept(call: CallSession) -> None:
     native = call.context("native")
     message = next(i for i in native["items"] if i.get("role") == "assistant")
     assert message.get("interrupted") is True
+    await bot.cancel()
+
+
+async def test_an_interrupted_reply_stops_being_spoken_when_the_bot_goes_quiet(
+    call: CallSession, recorder: Recorder
+) -> None:
+    """Pipecat drops an interrupted reply's end frame, so only the bot falling silent says its speech
+    ended; without it every barge-in over speech looked like talk-over that never stopped."""
+    llm = ScriptedLLM([[Say("Your order shipped on Monday. It is with the courier now and should arrive by Friday.")]])
+    played = PlayedText()
+    bot = build_voice_bot(llm, observers=[CalltapeObserver(call), played])
+    await bot.start()
+    await user_says(bot, "where is my order")
+    await asyncio.wait_for(played.event.wait(), 5)
+    await barge_in(bot)
+    await eventually(lambda: call.fold.replies()[0].speech_ended)
+    first = call.fold.replies()[0]
+    assert first.interrupted and first.speech_started
+    await recorder.flush()
+    events = await recorder.store.read(call.session_id)
+    ended = [e for e in events if e.type == "agent.speech.ended" and e.data["reply"] == first.reply]
+    assert [e.data.get("interrupted") for e in ended] == [True]
+    cut = next(e for e in events if e.type == "interruption")
+    assert (ended[0].seq or 0) > (cut.seq or 0) and ended[0].at_ms - cut.at_ms < 2000  # not talking on
     await bot.cancel()
 
 

@@ -18,6 +18,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(base: str, proc: subprocess.Popen[bytes]) -> None:
+    """Waits up to a minute for ``base``/healthz (a loaded CI machine starts Python slowly)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"the receiver did not start: {out}")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def running_receiver(code: str, port: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Runs ``code`` (a Python program that serves on ``port``) until the block ends; yields its base URL.
@@ -26,18 +42,7 @@ def running_receiver(code: str, port: int) -> Iterator[tuple[str, subprocess.Pop
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"the receiver did not start: {out}")
-            time.sleep(0.05)
+        wait_healthy(base, proc)
         yield base, proc
     finally:
         if proc.poll() is None:

@@ -16,7 +16,7 @@ from livekit.agents import Agent, AgentSession, llm, tts
 from calltape.adapters.livekit.context import instructions_of
 from calltape.adapters.livekit.tap import LiveKitTap, attach
 from calltape.adapters.livekit.tools import unguarded_tools
-from calltape.runtime import CallSession, ToolSpec
+from calltape.runtime import LiveCall, ToolSpec
 
 __all__ = ["modality_of", "start"]
 
@@ -33,7 +33,7 @@ class CallStarter(Protocol):
         modality: Any = ...,
         framework: str | None = ...,
         tools: Mapping[str, ToolSpec] | None = ...,
-    ) -> CallSession: ...
+    ) -> LiveCall: ...
 
 
 def modality_of(session: AgentSession[Any], agent: Agent | None = None) -> str:
@@ -48,7 +48,7 @@ def modality_of(session: AgentSession[Any], agent: Agent | None = None) -> str:
 async def start(
     session: AgentSession[Any],
     agent: Agent,
-    tape: CallStarter | CallSession,
+    tape: CallStarter | LiveCall,
     *,
     call_id: str | None = None,
     tools: Mapping[str, ToolSpec] | None = None,
@@ -61,7 +61,7 @@ async def start(
     unguarded raises ``TypeError`` before anything starts. Returns the tap (``tap.call`` is the call).
     """
     specs = dict(tools or {})
-    if isinstance(tape, CallSession):
+    if isinstance(tape, LiveCall):
         specs = {**tape.tools, **specs}
     unguarded = unguarded_tools([*session.tools, *agent.tools], specs)
     if unguarded:
@@ -69,7 +69,7 @@ async def start(
             f"tools {unguarded} have a ToolSpec but are registered unguarded: register them with "
             "calltape.adapters.livekit.function_tool (or put @guarded under @function_tool)"
         )
-    if isinstance(tape, CallSession):
+    if isinstance(tape, LiveCall):
         call = tape
     else:
         room = start_options.get("room")

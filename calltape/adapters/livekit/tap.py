@@ -34,9 +34,9 @@ import asyncio
 import contextlib
 import json
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from livekit.agents import AgentSession, llm
 from livekit.agents.voice import SpeechHandle
@@ -56,20 +56,14 @@ from livekit.agents.voice.events import (
 
 from calltape.adapters.livekit.context import instructions_of
 from calltape.adapters.replies import ReplyTracker
-from calltape.events import Event
+from calltape.runtime.protocol import EventSink, LiveCall
 
 __all__ = ["CallSink", "LiveKitTap", "attach", "tap_of"]
 
 
-class CallSink(Protocol):
-    """What the tap needs from a call; :class:`calltape.runtime.CallSession` is the real one.
-
-    ``interrupt``, ``end``, ``drop`` and ``run_tool`` are used when present, so a bare recorder with
-    ``emit`` (returning the event it made) is enough for recording.
-    """
-
-    def emit(self, type: str, data: Mapping[str, Any]) -> Event:
-        """Records one event without waiting and returns it (the tap never blocks the voice loop)."""
+CallSink = EventSink
+"""The old name of what the tap records into: an :class:`~calltape.runtime.EventSink` (recording
+only) or a :class:`~calltape.runtime.LiveCall` (barge-in, end and guarded tools too)."""
 
 
 # Sessions the tap is attached to, so guarded tools find their call from the RunContext alone.
@@ -96,9 +90,11 @@ class _Speech:
 class LiveKitTap:
     """Maps one ``AgentSession``'s events to calltape events. Create it with :func:`attach`."""
 
-    def __init__(self, session: AgentSession[Any], call: CallSink) -> None:
+    def __init__(self, session: AgentSession[Any], call: EventSink) -> None:
         self.session = session
         self.call = call
+        self.live: LiveCall | None = call if isinstance(call, LiveCall) else None
+        """The call as a :class:`~calltape.runtime.LiveCall`, or None when it only records."""
         self.replies = ReplyTracker(call)
         self._speeches: dict[str, _Speech] = {}
         self._last: _Speech | None = None
@@ -232,9 +228,8 @@ class LiveKitTap:
             return
         # LiveKit >= 1.7 says how a speech was interrupted; before, a barge-in is the user speaking
         cause = interrupt_cause(sp.handle) or ("user_speech" if self._user_speaking else "api")
-        interrupt = getattr(self.call, "interrupt", None)
-        if callable(interrupt) and not self.replies.holding:
-            interrupt(reply=sp.reply, cause=cause)
+        if self.live is not None and not self.replies.holding:
+            self.live.interrupt(reply=sp.reply, cause=cause)
         else:
             self.replies.interrupt(sp.reply, cause=cause)
 
@@ -502,14 +497,13 @@ class LiveKitTap:
             self._drop_pending_user()
         reason = ev.reason.value if hasattr(ev.reason, "value") else str(ev.reason)
         dropped = ev.error is not None or reason in _DROP_REASONS
-        method = getattr(self.call, "drop" if dropped else "end", None)
-        if callable(method):
-            self._spawn(method(reason=reason))
+        if self.live is not None:
+            self._spawn(self.live.drop(reason=reason) if dropped else self.live.end(reason=reason))
         else:
             self._emit("session.dropped" if dropped else "session.ended", {"reason": reason})
 
 
-def attach(session: AgentSession[Any], call: CallSink) -> LiveKitTap:
+def attach(session: AgentSession[Any], call: EventSink) -> LiveKitTap:
     """Records ``session`` into ``call`` from now on; returns the tap (``tap.detach()`` stops it)."""
     existing = _TAPS.get(session)
     if existing is not None:

@@ -48,9 +48,9 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
             tap = tap_of(ctx.session)
             if tap is None:
                 raise RuntimeError("calltape is not attached to this AgentSession (call attach() first)")
-            run_tool = getattr(tap.call, "run_tool", None)
-            if not callable(run_tool):
-                raise RuntimeError("the attached call cannot run tools (it needs run_tool)")
+            live = tap.live
+            if live is None:
+                raise RuntimeError("the attached call cannot run tools: attach a calltape LiveCall (a CallSession)")
             fc = ctx.function_call
             tap._guarded_calls.add(fc.call_id)
             try:
@@ -61,7 +61,7 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
             async def body() -> Any:
                 return await func(*args, **kwargs)
 
-            outcome: ToolOutcome = await run_tool(
+            outcome: ToolOutcome = await live.run_tool(
                 fc.call_id, fc.name, arguments, body, reply=tap.reply_of(fc.call_id), spec=spec
             )
             if outcome.status == "completed":

@@ -24,7 +24,7 @@ from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.tools import guard, unguarded_tools
 from calltape.client import Calltape
 from calltape.errors import CalltapeError
-from calltape.runtime import CallSession, ToolSpec
+from calltape.runtime import LiveCall, ToolSpec
 
 
 def processors(root: Any) -> Iterator[FrameProcessor]:
@@ -73,7 +73,7 @@ async def attach(
     on_end: Literal["end", "none"] = "end",
     on_cancel: Literal["drop", "end", "none"] = "drop",
     **start: Any,
-) -> CallSession:
+) -> LiveCall:
     """Starts ``session_id`` on ``calltape`` (a :func:`calltape.connect` object) and records ``worker``
     (a ``PipelineWorker``) into it; returns the call.
 

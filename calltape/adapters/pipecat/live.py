@@ -35,13 +35,14 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 
 from calltape.adapters.pipecat.shared import shared
+from calltape.runtime.protocol import FoldedSink
 
 log = logging.getLogger("calltape.adapters.pipecat")
 
 _INSTALLED_ATTR = "_calltape_reconciler"
 
 
-def reconcile_context(context: LLMContext, call: Any) -> int:
+def reconcile_context(context: LLMContext, call: FoldedSink) -> int:
     """Makes ``context``'s tool messages agree with ``call``'s log; returns how many it changed."""
     return LiveReconciler.reconcile(context, call)
 
@@ -50,7 +51,7 @@ class LiveReconciler:
     """Installed on a guarded LLM service: reconciles each context it is asked to run inference on."""
 
     @staticmethod
-    def install(llm: Any, call: Any) -> None:
+    def install(llm: Any, call: FoldedSink) -> None:
         """Wraps ``llm.process_frame`` once, so an ``LLMContextFrame`` is reconciled before it runs."""
         if getattr(llm, _INSTALLED_ATTR, None) is not None:
             return
@@ -68,7 +69,7 @@ class LiveReconciler:
         setattr(llm, _INSTALLED_ATTR, call)
 
     @staticmethod
-    def install_aggregator(aggregator: Any, call: Any) -> None:
+    def install_aggregator(aggregator: Any, call: FoldedSink) -> None:
         """Wraps an assistant aggregator's ``process_frame`` once: each tool message it writes is then
         checked against the log before the next frame."""
         if getattr(aggregator, _INSTALLED_ATTR, None) is not None:
@@ -87,11 +88,9 @@ class LiveReconciler:
         setattr(aggregator, _INSTALLED_ATTR, call)
 
     @staticmethod
-    def reconcile(context: Any, call: Any) -> int:
+    def reconcile(context: LLMContext, call: FoldedSink) -> int:
         """Rewrites each tool message of ``context`` whose call the log settled differently."""
-        fold = getattr(call, "fold", None)
-        if fold is None or not hasattr(context, "get_messages"):
-            return 0
+        fold = call.fold
         abandoned = shared(call).abandoned
         changed = 0
         for message in context.get_messages():

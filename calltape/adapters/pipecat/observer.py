@@ -54,6 +54,7 @@ from calltape.adapters.pipecat.messages import MessageRecorder
 from calltape.adapters.pipecat.shared import jsonable, shared
 from calltape.adapters.pipecat.user import MUTE_FRAMES, USER_INPUT, UserInput
 from calltape.adapters.replies import ReplyTracker
+from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall
 
 log = logging.getLogger("calltape.adapters.pipecat")
 
@@ -78,7 +79,8 @@ class _Playout:
 
 
 class CalltapeObserver(BaseObserver):
-    """Records a Pipecat pipeline into a calltape :class:`~calltape.runtime.CallSession`.
+    """Records a Pipecat pipeline into a calltape :class:`~calltape.runtime.LiveCall` (a
+    :class:`~calltape.runtime.CallSession`); a plain :class:`~calltape.runtime.EventSink` only records.
 
     Attach with one line: ``PipelineWorker(pipeline, observers=[CalltapeObserver(call)])`` (or let
     :func:`calltape.adapters.pipecat.attach` do it).
@@ -90,7 +92,7 @@ class CalltapeObserver(BaseObserver):
 
     def __init__(
         self,
-        call: Any,
+        call: EventSink,
         *,
         on_end: Literal["end", "none"] = "end",
         on_cancel: Literal["drop", "end", "none"] = "drop",
@@ -99,6 +101,8 @@ class CalltapeObserver(BaseObserver):
         # create, and that hop is the moment the user heard them.
         super().__init__(**({"observe_every_push": True} if _EVERY_PUSH else {}))
         self.call = call
+        self.live: LiveCall | None = call if isinstance(call, LiveCall) else None
+        """The call as a :class:`~calltape.runtime.LiveCall`, or None when it only records."""
         self.replies = ReplyTracker(call)
         self._shared = shared(call)
         self._shared.observed = True
@@ -143,7 +147,7 @@ class CalltapeObserver(BaseObserver):
             elif isinstance(processor, LLMAssistantAggregator):
                 if id(processor) not in self._context_aggregators:
                     self._context_aggregators.add(id(processor))
-                    if getattr(self.call, "fold", None) is not None:
+                    if isinstance(self.call, FoldedSink):
                         LiveReconciler.install_aggregator(processor, self.call)
             if id(processor) in self._context_aggregators and isinstance(frame, _INJECTED) and self._take_once(frame):
                 self._injected(frame)
@@ -176,10 +180,16 @@ class CalltapeObserver(BaseObserver):
         self._settled = True
         try:
             action = self._on_end if self._finished == "end" else self._on_cancel
-            if action == "end":
-                await self.call.end(self._finish_reason)
-            elif action == "drop":
-                await self.call.drop(self._finish_reason or "pipeline cancelled")
+            reason = self._finish_reason if action == "end" else self._finish_reason or "pipeline cancelled"
+            if action == "none":
+                return
+            if self.live is None:  # a recording-only sink: the session's end is one more event
+                kind = "session.ended" if action == "end" else "session.dropped"
+                self._emit(kind, {"reason": reason} if reason else {})
+            elif action == "end":
+                await self.live.end(reason)
+            else:
+                await self.live.drop(reason)
         except Exception:
             log.exception("calltape: could not settle the session")
 
@@ -266,6 +276,7 @@ class CalltapeObserver(BaseObserver):
             playing = self._playouts.get(self._playing or "")
             if playing is not None and playing.end_played:
                 self._speech_ended(playing.rid)
+            self._cut_speech_ended()
         elif isinstance(frame, EndFrame):
             self._finished = self._finished or "end"
             self._finish_reason = _reason(frame.reason)
@@ -473,6 +484,14 @@ class CalltapeObserver(BaseObserver):
             playout.extra += (" " if playout.heard(generated) else "") + piece
         self.replies.speech_started(rid)
         self.replies.heard(rid, playout.heard(generated))
+
+    def _cut_speech_ended(self) -> None:
+        """The bot went quiet: an interrupted reply that was playing stopped here (Pipecat drops its
+        end frame on the interruption, so this is the only sign that the talking over ended)."""
+        for rid in list(self._playouts):
+            st = self.replies.state(rid)
+            if st is not None and st.interrupted and st.speech_started and not st.speech_ended:
+                self.replies.speech_ended(rid, interrupted=True)
 
     def _speech_ended(self, rid: str) -> None:
         st = self.replies.state(rid)

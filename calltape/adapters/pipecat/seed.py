@@ -7,15 +7,17 @@ from typing import Any
 
 from pipecat.processors.aggregators.llm_context import LLMContext
 
+from calltape.runtime.protocol import LiveCall
 
-def context_messages(source: Any | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+
+def context_messages(source: LiveCall | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The chat messages of a new ``LLMContext``: calltape's ``openai`` context, settled.
 
-    ``source`` is a :class:`~calltape.runtime.CallSession` (e.g. attached after ``resume``) or an
+    ``source`` is a :class:`~calltape.runtime.LiveCall` (a ``CallSession``, e.g. attached after ``resume``) or an
     already projected ``openai`` messages list (e.g. a resume plan's context in that format). Each tool
     call keeps exactly one output, so a new pipeline never inherits an ``IN_PROGRESS`` placeholder.
     """
-    messages = source.context("openai") if hasattr(source, "context") else source
+    messages = source.context("openai") if isinstance(source, LiveCall) else source
     out: list[dict[str, Any]] = []
     for message in messages:
         item = dict(message)
@@ -26,7 +28,7 @@ def context_messages(source: Any | Iterable[Mapping[str, Any]]) -> list[dict[str
 
 
 def seed_llm_context(
-    source: Any | Iterable[Mapping[str, Any]],
+    source: LiveCall | Iterable[Mapping[str, Any]],
     *,
     tools: Any = None,
     tool_choice: Any = None,

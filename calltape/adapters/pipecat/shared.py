@@ -38,7 +38,7 @@ _SHARED: weakref.WeakKeyDictionary[Any, Shared] = weakref.WeakKeyDictionary()
 _SHARED_BY_ID: dict[int, Shared] = {}
 
 
-def shared(call: Any) -> Shared:
+def shared(call: object) -> Shared:
     """The one :class:`Shared` of ``call`` (kept as long as the call object lives)."""
     try:
         state = _SHARED.get(call)

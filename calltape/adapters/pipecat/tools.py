@@ -30,14 +30,14 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from calltape.adapters.pipecat.live import LiveReconciler
 from calltape.adapters.pipecat.shared import Shared, consume, jsonable, shared
 from calltape.errors import CalltapeError
-from calltape.runtime import ToolOutcome, ToolSpec
+from calltape.runtime import LiveCall, ToolOutcome, ToolSpec
 
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
 
 _GUARDED_LLMS: dict[int, Any] = {}
 
 
-def guard(llm: LLMService, call: Any, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
+def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
     """Puts every tool of ``llm`` under calltape: from now on ``llm.register_function(name, handler,
     ...)`` registers a guarded handler (``spec=`` is accepted there too; else ``specs[name]``, then
     ``call.tools[name]``, then the defaults).
@@ -94,7 +94,12 @@ def guard(llm: LLMService, call: Any, *, specs: Mapping[str, ToolSpec] | None = 
 
 
 def unguarded_tools(llm: LLMService) -> set[str]:
-    """Tools registered on ``llm`` that run unguarded (Pipecat keeps no public list; read its registry)."""
+    """Tools registered on ``llm`` that run unguarded.
+
+    The adapter's one read of a Pipecat private: Pipecat 1.10 to 1.14 offer ``has_function(name)``
+    (true for every name once a catch-all is registered) but no list of what is registered, and the
+    loud error for a tool registered before :func:`guard` needs the names. A Pipecat without the
+    registry yields no names, so the check is skipped rather than failing the call."""
     registry = getattr(llm, "_functions", None)
     if not isinstance(registry, Mapping):
         return set()
@@ -109,7 +114,7 @@ def unguarded_tools(llm: LLMService) -> set[str]:
 
 def register_function(
     llm: LLMService,
-    call: Any,
+    call: LiveCall,
     function_name: str,
     handler: Handler,
     *,
@@ -146,7 +151,7 @@ def register_function(
 
 def _register(
     register: Callable[..., Any],
-    call: Any,
+    call: LiveCall,
     function_name: str,
     handler: Any,
     *,
@@ -182,7 +187,7 @@ class GuardedFunction:
     # How long to wait for the observer to announce a call before recording it without its reply.
     ANNOUNCE_WAIT = 0.5
 
-    def __init__(self, call: Any, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
+    def __init__(self, call: LiveCall, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
         self.call = call
         self.shared = state
         self.name = name

@@ -1,0 +1,337 @@
+"""What the timeline picture shows: items on lanes of one time axis, read from the context fold.
+
+The fold (:class:`calltape.projections.ContextFold`) is the only authority on replies and calls: the
+events are folded one by one and every state drawn (interrupted or not, heard text, call outcome,
+included or not, dropped) is read from it, so the picture can never tell a different story than
+``calltape context``. The events only give the times and the details shown on hover or click.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from calltape.events import EVENT_TYPES, Event
+from calltape.projections import ContextFold
+
+LANES: Final[tuple[tuple[str, str], ...]] = (
+    ("call", "call"),
+    ("vad", "user speech"),
+    ("transcript", "user transcripts"),
+    ("reply", "agent replies"),
+    ("tool", "tools"),
+    ("interruption", "interruptions"),
+)
+"""Lane id and caption, top to bottom."""
+
+
+@dataclass(slots=True)
+class Item:
+    """One thing drawn: a span (``end_ms`` set) or a marker at one instant (``end_ms`` None)."""
+
+    lane: str
+    kind: str
+    """The CSS class hint: ``final``, ``interim``, ``typed``, ``speech``, ``reply``, ``tool``,
+    ``interruption``, ``ignored``, ``cut``, ``started``, ``ended``, ``dropped``, ``resumed``,
+    ``handoff``, ``instructions``, ``redacted``."""
+    start_ms: int
+    """Offset from the session's first event."""
+    end_ms: int | None
+    label: str
+    title: str
+    """One-line summary (tooltip and the details' heading)."""
+    seqs: list[int]
+    """The events the item stands for (shown in the details)."""
+    status: str = ""
+    """Replies: ``heard``, ``interrupted``, ``unheard``; tools: the call's status, or ``excluded``."""
+    heard: str = ""
+    unheard: str = ""
+    """Replies: generated text the user never heard."""
+    open: bool = False
+    """Still running at the last event (the span runs to the end of the picture)."""
+
+
+@dataclass(slots=True)
+class Picture:
+    """A session's timeline picture, ready to render."""
+
+    session: str
+    first_at_ms: int
+    duration_ms: int
+    items: list[Item]
+    dropped: list[tuple[int, int]]
+    """Periods (offsets) from a drop to its resume, or to the end."""
+    events: dict[int, dict[str, Any]]
+    """Wire-format events by seq, those the items refer to."""
+    header: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Reply:
+    rid: str
+    start: int
+    seqs: list[int]
+    end: int
+    interrupted_at: int | None = None
+    speech_ended_at: int | None = None
+    late_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Call:
+    cid: str
+    call_at: int
+    seqs: list[int]
+    arguments: Any
+    started_at: int | None = None
+    end_at: int | None = None
+
+
+def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> Picture:
+    """Folds ``events`` (one session, in seq order) into the items of its picture."""
+    session = events[0].session if events else ""
+    fold = ContextFold(session or None)
+    first = events[0].at_ms if events else 0
+    items: list[Item] = []
+    replies: dict[str, _Reply] = {}
+    calls: dict[str, _Call] = {}
+    dropped: list[tuple[int, int]] = []
+    drop_at: int | None = None
+    speech_at: tuple[int, int] | None = None  # (offset, seq) of the open user.speech.started
+    used: set[int] = set()
+
+    def mark(lane: str, kind: str, at: int, label: str, title: str, seq: int) -> None:
+        items.append(Item(lane, kind, at, None, label, title, [seq]))
+
+    def close_speech(at: int, seq: int | None, open_: bool = False) -> None:
+        nonlocal speech_at
+        if speech_at is None:
+            return
+        start, first_seq = speech_at
+        seqs = [first_seq] if seq is None else [first_seq, seq]
+        title = "user speaking (VAD)" + (" · still speaking at the last event" if open_ else "")
+        items.append(Item("vad", "speech", start, at, "", title, seqs, open=open_))
+        speech_at = None
+
+    live: set[str] = set()  # replies not interrupted (yet)
+    for event in events:
+        seq = event.seq or 0
+        at = event.at_ms - first
+        data = event.data
+        kind = event.type
+        rid = data.get("reply")
+        ignored_before = fold.counters["interruptions_ignored"]
+        # the one reply this event may interrupt (the fold decides whether it does)
+        target = rid if rid is not None or kind != "interruption" else fold.latest_reply()
+        if kind == "interruption" and target is not None and (owner := replies.get(str(target))) is not None:
+            owner.seqs.append(seq)
+        fold.apply(event)
+        if kind in _REPLY_EVENTS and rid is not None:
+            reply = replies.get(str(rid))
+            if reply is None:
+                reply = replies[str(rid)] = _Reply(str(rid), at, [], at)
+                live.add(reply.rid)
+            if kind == "agent.text" and reply.rid not in live:
+                reply.late_tokens += 1
+            reply.seqs.append(seq)
+            reply.end = max(reply.end, at)
+            if kind == "agent.speech.ended" and reply.speech_ended_at is None:
+                reply.speech_ended_at = at
+        elif kind == "tool.call":
+            owner = replies.get(str(rid if rid is not None else fold.latest_reply()))
+            if owner is not None:
+                owner.seqs.append(seq)
+            calls.setdefault(str(data.get("call")), _Call(str(data.get("call")), at, [], data.get("arguments")))
+        if kind.startswith("tool.") and (call := calls.get(str(data.get("call")))) is not None:
+            call.seqs.append(seq)
+            if kind == "tool.started" and call.started_at is None:
+                call.started_at = at
+            elif kind in ("tool.result", "tool.cancelled") and call.end_at is None:
+                call.end_at = at
+        if kind in _MAY_INTERRUPT and (cut := str(target)) in live and _interrupted(fold, cut):
+            live.discard(cut)
+            replies[cut].interrupted_at = at
+            if kind == "agent.speech.ended":
+                mark("interruption", "cut", at, "playout cut", f"playout of reply {cut} cut", seq)
+        if kind == "interruption":
+            cause = data.get("cause") or "user_speech"
+            if fold.counters["interruptions_ignored"] > ignored_before:
+                title = f"interruption ({cause}) with no effect: nothing was playing, generating or running"
+                mark("interruption", "ignored", at, "", title, seq)
+            else:
+                heard = f" · heard {data['heard']!r}" if isinstance(data.get("heard"), str) else ""
+                mark("interruption", "interruption", at, "✂ barge-in", f"barge-in ({cause}){heard}", seq)
+        elif kind == "user.speech.started":
+            close_speech(at, None)
+            speech_at = (at, seq)
+        elif kind == "user.speech.stopped":
+            close_speech(at, seq)
+        elif kind == "user.transcript":
+            text = str(data.get("text", "")).strip()
+            if data.get("final"):
+                mark("transcript", "final", at, text, f"user (final transcript): {text}", seq)
+            else:
+                mark("vad", "interim", at, "", f"interim transcript: {text}", seq)
+        elif kind == "user.text":
+            text = str(data.get("text", "")).strip()
+            mark("transcript", "typed", at, text, f"user (typed): {text}", seq)
+        elif kind in _CALL_MARKS:
+            label, title = _CALL_MARKS[kind](data)
+            mark("call", kind.rsplit(".", 1)[-1], at, label, title, seq)
+            if kind == "session.dropped" and drop_at is None:
+                drop_at = at
+                close_speech(at, None)
+            elif kind == "session.resumed":
+                if drop_at is not None:
+                    dropped.append((drop_at, at))
+                drop_at = None
+                close_speech(at, None)
+    end = events[-1].at_ms - first if events else 0
+    close_speech(end, None, open_=True)
+    if drop_at is not None:
+        dropped.append((drop_at, end))
+    items.extend(_reply_items(fold, replies, end))
+    items.extend(_call_items(fold, calls, replies, end))
+    items.sort(key=lambda i: (i.start_ms, i.seqs[0]))
+    for item in items:
+        used.update(item.seqs)
+    wire = {e.seq or 0: e.to_wire() for e in events if (e.seq or 0) in used}
+    return Picture(session, first, end, items, dropped, wire, dict(header or {}))
+
+
+_REPLY_EVENTS: Final = frozenset(
+    t for t in EVENT_TYPES if t.startswith("agent.") and t not in ("agent.handoff", "agent.instructions")
+)
+"""The events of one reply (they all carry ``reply``)."""
+_MAY_INTERRUPT: Final = frozenset(("interruption", "agent.speech.ended"))
+"""The events that may interrupt a reply: an ``interruption`` (its reply, else the latest) and an
+``agent.speech.ended`` with ``interrupted`` (its reply). Whether they do is read from the fold."""
+
+
+def _interrupted(fold: ContextFold, rid: str) -> bool:
+    state = fold.reply_state(rid)
+    return bool(state and state.interrupted)
+
+
+def _session_started(data: dict[str, Any]) -> tuple[str, str]:
+    title = f"call started · agent {data.get('agent')} · {data.get('modality', 'voice')}"
+    if data.get("framework"):
+        title += f" · {data['framework']}"
+    return "start", title
+
+
+def _reason(data: dict[str, Any]) -> str:
+    return f" ({data['reason']})" if data.get("reason") else ""
+
+
+_CALL_MARKS: Final[dict[str, Callable[[dict[str, Any]], tuple[str, str]]]] = {
+    "session.started": _session_started,
+    "session.ended": lambda d: ("end", f"call ended{_reason(d)}"),
+    "session.dropped": lambda d: ("dropped", f"call dropped{_reason(d)}"),
+    "session.resumed": lambda d: (
+        f"resumed · {d.get('agent')}",
+        f"resumed by {d.get('agent')} · epoch {d.get('epoch')} · from seq {d.get('from_seq')}",
+    ),
+    "agent.handoff": lambda d: (f"handoff → {d.get('to')}", f"handoff {d.get('from')} → {d.get('to')}{_reason(d)}"),
+    "agent.instructions": lambda d: ("instructions", f"instructions changed: {d.get('text')}"),
+    "session.redacted": lambda d: (
+        "redacted",
+        f"redacted {d.get('spans')} span(s): {', '.join(map(str, d.get('kinds') or []))}",
+    ),
+}
+"""Call-lane markers: event type -> (label, title) from its data."""
+
+
+def _reply_items(fold: ContextFold, replies: dict[str, _Reply], end: int) -> list[Item]:
+    out = []
+    open_ids = {r.reply for r in fold.open_replies()}
+    for view in replies.values():
+        state = fold.reply_state(view.rid)
+        if state is None:
+            continue
+        generated, heard = state.generated, state.heard
+        unheard = generated[len(heard) :] if generated.startswith(heard) else ("" if heard else generated)
+        if state.interrupted:
+            status = "unheard" if not heard.strip() else "interrupted"
+        else:
+            status = "heard"
+        stop = view.speech_ended_at if view.speech_ended_at is not None else view.interrupted_at
+        is_open = view.rid in open_ids
+        span_end = end if is_open else (stop if stop is not None else view.end)
+        title = f"reply {view.rid}"
+        if state.interrupted:
+            title += " · interrupted"
+        title += f" · heard: {heard!r}" if heard else " · nothing heard"
+        if unheard:
+            title += f" · generated but not heard: {unheard!r}"
+        if view.late_tokens:
+            title += f" · {view.late_tokens} late token(s) after the interruption ignored"
+        if is_open:
+            title += " · still " + ("generating" if state.generating else "waiting for playout")
+        label = heard if heard or unheard else "(no text)"
+        out.append(
+            Item(
+                "reply",
+                "reply",
+                view.start,
+                max(span_end, view.start),
+                label,
+                title,
+                view.seqs,
+                status,
+                heard,
+                unheard,
+                is_open,
+            )
+        )
+    return out
+
+
+def _call_items(fold: ContextFold, calls: dict[str, _Call], replies: dict[str, _Reply], end: int) -> list[Item]:
+    out = []
+    for state in fold.tool_calls():
+        view = calls.get(state.call_id)
+        if view is None:
+            continue
+        status = state.status if state.included else "excluded"
+        reply = replies.get(state.reply)
+        interrupted_at = reply.interrupted_at if reply is not None else None
+        is_open = state.status == "in_progress"
+        if view.end_at is not None:
+            stop = view.end_at
+        elif is_open:
+            stop = end
+        else:  # settled by the fold with no event of its own: cancelled with its reply
+            stop = max(interrupted_at or view.call_at, view.call_at)
+        title = f"{state.name}({state.arguments}) [{state.call_id}] → {state.status}"
+        if view.end_at is not None:
+            title += f" in {_ms(view.end_at - (view.started_at if view.started_at is not None else view.call_at))}"
+        if view.started_at is None and state.status != "completed":
+            title += " · never started"
+        if not state.included:
+            title += " · not in the context: its reply was interrupted before it started"
+        label = f"{state.name} → {state.status}" if state.included else f"{state.name} · not in the context"
+        if view.end_at is not None:
+            label += f" · {_ms(view.end_at - (view.started_at if view.started_at is not None else view.call_at))}"
+        if state.status in ("completed", "error") and interrupted_at is not None and view.end_at is not None:
+            if view.end_at >= interrupted_at:
+                title += " · the result arrived after the barge-in (kept in the context)"
+        out.append(
+            Item(
+                "tool",
+                "tool",
+                view.call_at,
+                stop,
+                label,
+                title,
+                view.seqs,
+                status,
+                open=is_open,
+            )
+        )
+    return out
+
+
+def _ms(ms: int) -> str:
+    return f"{ms}ms" if ms < 1000 else f"{ms / 1000:.1f}s"

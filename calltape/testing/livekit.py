@@ -1,0 +1,253 @@
+"""Offline stand-ins for a LiveKit agent's LLM and TTS, a speaker, and a scripted caller.
+
+A test runs the user's *real* ``Agent`` in a real ``AgentSession`` with these in place of the network
+services, so it needs no keys, no room and no server::
+
+    async def scenario(call):
+        llm = ScriptedLLM([[Say("Let me put you through."), Call("transfer", "c1")], [Say("Done.")]])
+        session = AgentSession(llm=llm, tts=ScriptedTTS())
+        async with LiveKitCaller(session, MyAgent(), call) as caller:
+            await caller.says("I want a person")
+            await caller.settled()
+
+    exploration = await explore(scenario)   # calltape.testing.explore: one run per barge-in instant
+
+The stand-ins subclass LiveKit's ``llm.LLM`` / ``llm.LLMStream`` and ``tts.TTS`` / ``tts.ChunkedStream``
+and its ``io.AudioOutput``, so tool execution, the speech queue, interruptions and playout tracking
+are LiveKit's own. Audio is silence, as long as the words take to say (``word_secs`` per word), played
+in real time by :class:`OfflineSpeaker`; keep ``word_secs`` small and a call takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import deque
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, cast
+
+try:
+    from livekit import rtc
+    from livekit.agents import Agent, AgentSession, llm, tts
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "calltape.testing.livekit needs LiveKit Agents: pip install 'calltape[livekit]' (livekit-agents>=1.6.5,<1.9)"
+    ) from exc
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+from livekit.agents.voice import io
+from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
+
+from calltape.adapters.livekit import LiveKitTap, attach
+from calltape.runtime import CallSession
+from calltape.testing.explore import set_barge_in
+from calltape.testing.script import Call, Pause, Say, Step, settled
+
+__all__ = [
+    "SAMPLE_RATE",
+    "Call",
+    "LiveKitCaller",
+    "OfflineSpeaker",
+    "Pause",
+    "Say",
+    "ScriptedLLM",
+    "ScriptedTTS",
+    "Step",
+]
+
+SAMPLE_RATE = 16000
+"""The sample rate of the stand-ins' audio (16 kHz mono PCM)."""
+
+
+class ScriptedLLM(llm.LLM[Any]):
+    """An ``llm.LLM`` answering each ``chat()`` with the next scripted turn (an empty reply once the
+    script runs out); ``received`` keeps a copy of every chat context it was sent."""
+
+    def __init__(self, turns: Sequence[Sequence[Step]] = ()) -> None:
+        super().__init__()
+        self.turns: deque[list[Step]] = deque(list(t) for t in turns)
+        self.received: list[llm.ChatContext] = []
+
+    def chat(
+        self,
+        *,
+        chat_ctx: llm.ChatContext,
+        tools: list[llm.Tool] | None = None,
+        conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS,
+        parallel_tool_calls: NotGivenOr[bool] = NOT_GIVEN,
+        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
+        extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
+    ) -> llm.LLMStream:
+        """Streams the next scripted turn."""
+        self.received.append(chat_ctx.copy())
+        turn = self.turns.popleft() if self.turns else []
+        return _ScriptedStream(self, turn, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+
+class _ScriptedStream(llm.LLMStream):
+    def __init__(self, owner: ScriptedLLM, turn: list[Step], **kwargs: Any) -> None:
+        super().__init__(owner, **kwargs)
+        self._turn = turn
+
+    async def _run(self) -> None:
+        rid = f"scripted_{id(self):x}"
+        for step in self._turn:
+            if isinstance(step, Say):
+                for i, word in enumerate(step.text.split(" ")):
+                    delta = llm.ChoiceDelta(role="assistant", content=word if i == 0 else " " + word)
+                    self._event_ch.send_nowait(llm.ChatChunk(id=rid, delta=delta))
+                    if step.gap:
+                        await asyncio.sleep(step.gap)
+            elif isinstance(step, Call):
+                call = llm.FunctionToolCall(name=step.name, arguments=json.dumps(step.arguments), call_id=step.call_id)
+                delta = llm.ChoiceDelta(role="assistant", tool_calls=[call])
+                self._event_ch.send_nowait(llm.ChatChunk(id=rid, delta=delta))
+            else:
+                await asyncio.sleep(step.seconds)
+
+
+class ScriptedTTS(tts.TTS[Any]):
+    """A non-streaming ``tts.TTS`` rendering ``word_secs`` of silence per word (LiveKit splits the
+    reply into sentences for it, as for any non-streaming TTS)."""
+
+    def __init__(self, *, word_secs: float = 0.03) -> None:
+        super().__init__(capabilities=tts.TTSCapabilities(streaming=False), sample_rate=SAMPLE_RATE, num_channels=1)
+        self.word_secs = word_secs
+
+    def synthesize(
+        self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS
+    ) -> tts.ChunkedStream:
+        """The silence for ``text``."""
+        return _Silence(tts=self, input_text=text, conn_options=conn_options)
+
+
+class _Silence(tts.ChunkedStream):
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        owner = cast(ScriptedTTS, self._tts)
+        output_emitter.initialize(request_id="silence", sample_rate=SAMPLE_RATE, num_channels=1, mime_type="audio/pcm")
+        samples = int(SAMPLE_RATE * owner.word_secs * max(1, len(self.input_text.split())))
+        chunk = SAMPLE_RATE // 100  # 10 ms
+        for i in range(0, samples, chunk):
+            output_emitter.push(b"\x00\x00" * min(chunk, samples - i))
+        output_emitter.flush()
+
+
+class OfflineSpeaker(io.AudioOutput):
+    """An audio output that plays what it is given in real time and goes nowhere; a barge-in
+    (``clear_buffer``) reports how far playout got, as a real transport does."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            label="offline-speaker",
+            next_in_chain=None,
+            sample_rate=SAMPLE_RATE,
+            capabilities=io.AudioOutputCapabilities(pause=False),
+        )
+        self._queued = 0.0
+        self._began: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        """Queues the frame; the first one of a segment starts playback."""
+        await super().capture_frame(frame)
+        self._queued += frame.duration
+        if self._began is None:
+            self._began = time.monotonic()
+            self.on_playback_started(created_at=time.time())
+
+    def flush(self) -> None:
+        """The segment is complete: it finishes once its audio has had time to play."""
+        super().flush()
+        if not self._queued or self._began is None:
+            return
+        delay = max(0.0, self._queued - (time.monotonic() - self._began))
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._finished, self._queued, False)
+
+    def clear_buffer(self) -> None:
+        """Stops playback (a barge-in) at the current position."""
+        if not self._queued or self._began is None:
+            return
+        self._finished(min(time.monotonic() - self._began, self._queued), True)
+
+    def _finished(self, position: float, interrupted: bool) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._queued, self._began, self._timer = 0.0, None, None
+        self.on_playback_finished(playback_position=position, interrupted=interrupted, synchronized_transcript=None)
+
+
+class _Transcript(io.TextOutput):
+    """Where the synchronized transcript goes (nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="offline-transcript", next_in_chain=None)
+
+    async def capture_text(self, text: str) -> None:
+        """Drops the text."""
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+
+class LiveKitCaller:
+    """Runs ``session`` with ``agent`` recorded into ``call`` and speaks to it as a caller would.
+
+    ``async with LiveKitCaller(session, agent, call) as caller``: gives the session an
+    :class:`OfflineSpeaker` (behind LiveKit's transcript synchronizer) unless it has an audio output,
+    attaches calltape (:func:`calltape.adapters.livekit.attach`), starts the session, and makes
+    :func:`calltape.testing.explore.explore` land its barge-ins as the caller cutting in
+    (``session.interrupt()``, then the caller's words as a new user turn). On exit the session closes.
+    """
+
+    def __init__(self, session: AgentSession[Any], agent: Agent, call: CallSession) -> None:
+        self.session = session
+        self.agent = agent
+        self.call = call
+        self.tap: LiveKitTap | None = None
+        self._sync: TranscriptSynchronizer | None = None
+        self._running = False
+
+    async def __aenter__(self) -> LiveKitCaller:
+        if self.session.output.audio is None:
+            self._sync = TranscriptSynchronizer(
+                next_in_chain_audio=OfflineSpeaker(), next_in_chain_text=_Transcript(), speed=1.0
+            )
+            self.session.output.audio = self._sync.audio_output
+            self.session.output.transcription = self._sync.text_output
+        self.tap = attach(self.session, self.call)
+        await self.session.start(self.agent)
+        self._running = True
+        set_barge_in(self.call, self.barge_in)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._running = False
+        await self.session.aclose()
+        if self.tap is not None:
+            await self.tap.drain()
+        if self._sync is not None:
+            with contextlib.suppress(Exception):
+                await self._sync.aclose()
+
+    async def says(self, text: str) -> None:
+        """A user turn: LiveKit commits ``text`` and the agent replies (not waited for: see
+        :meth:`settled`)."""
+        self.session.generate_reply(user_input=text)
+
+    async def barge_in(self, text: str | None = "wait") -> None:
+        """The caller cuts in: the current speech is interrupted, then ``text`` is the caller's turn."""
+        if not self._running:
+            return
+        self.session.interrupt()
+        if text:
+            self.session.generate_reply(user_input=text)
+
+    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`)."""
+        await settled(self.call, quiet=quiet, timeout=timeout)

@@ -1,0 +1,96 @@
+"""Testing a LiveKit agent under barge-in, offline: copy this file into your agent's tests.
+
+Run: pytest examples/test_livekit_agent.py   (needs `pip install 'calltape[livekit]' pytest-asyncio`;
+no keys, no room, no network)
+
+``ClinicAgent`` stands for your ``Agent``: it runs in a real ``AgentSession`` whose LLM and TTS are
+calltape's offline stand-ins (``ScriptedLLM``, ``ScriptedTTS``). The test plays one call, then replays
+it once per event boundary with the caller cutting in exactly there, and checks every run: the
+``calltape check`` rules, the context invariants, and the assertion below. A failure names the instant
+and prints the call's timeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from livekit.agents import Agent, AgentSession, RunContext
+
+from calltape import CallSession
+from calltape.adapters.livekit import function_tool, wait_for_playout
+from calltape.checks import CheckOptions
+from calltape.testing.explore import Run, explore
+from calltape.testing.livekit import Call, LiveKitCaller, Say, ScriptedLLM, ScriptedTTS
+
+# ---------------------------------------------------------------------------------------------
+# Your agent (in your project: `from my_agent import ClinicAgent`)
+
+class Clinic:
+    """The clinic's booking system (in a test: one per call, to see what each run did)."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+
+class ClinicAgent(Agent):
+    """A clinic line: cancels an appointment once the caller has heard which one."""
+
+    def __init__(self, clinic: Clinic) -> None:
+        super().__init__(instructions="You are a clinic's phone agent.")
+        self.clinic = clinic
+
+    # calltape's function_tool: LiveKit's, with the body under calltape's guard (durable start,
+    # timeout, exactly once per call id).
+    @function_tool
+    async def cancel_appointment(self, ctx: RunContext[Any], appointment: str) -> str:
+        """Cancels an appointment after telling the caller which one."""
+        # LiveKit's ctx.wait_for_playout() returns as if the announcement played even when the caller
+        # cut it off; calltape's raises Interrupted then, so nothing is cancelled unheard.
+        await wait_for_playout(ctx)
+        self.clinic.cancelled.append(appointment)
+        return "cancelled"
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+
+CLINICS: dict[str, Clinic] = {}  # per run (each run is a call of its own)
+
+
+async def one_call(call: CallSession) -> None:
+    """The scenario: a scripted caller and LLM drive the real session, recorded into ``call``."""
+    llm = ScriptedLLM(
+        [
+            [
+                Say("I am cancelling your appointment on Monday at nine."),
+                Call("cancel_appointment", "c1", {"appointment": "mon-9"}),
+            ],
+            [Say("Done. Anything else?")],
+        ]
+    )
+    session: AgentSession[Any] = AgentSession(llm=llm, tts=ScriptedTTS())
+    clinic = CLINICS[call.session_id] = Clinic()
+    async with LiveKitCaller(session, ClinicAgent(clinic), call) as caller:
+        await caller.says("please cancel my Monday appointment")
+        await caller.settled()
+
+
+def nothing_cancelled_unheard(run: Run) -> None:
+    """Your own checks of each run: an appointment is cancelled only once the caller heard which."""
+    heard_all = any(e.type == "agent.speech.ended" and not e.data.get("interrupted") for e in run.events)
+    if not heard_all:
+        assert not CLINICS[run.events[0].session].cancelled, "cancelled an appointment the caller did not hear"
+
+
+@pytest.mark.asyncio
+async def test_every_barge_in_instant() -> None:
+    CLINICS.clear()
+    exploration = await explore(
+        one_call,
+        assertions=nothing_cancelled_unheard,
+        options=CheckOptions(talk_over_ms=6000),  # LiveKit ends an interrupted speech after its tools
+        concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
+    )
+    exploration.assert_ok()
+    print(f"{len(exploration.runs)} runs in {exploration.seconds:.1f} s")

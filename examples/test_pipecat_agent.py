@@ -1,0 +1,113 @@
+"""Testing a Pipecat agent under barge-in, offline: copy this file into your agent's tests.
+
+Run: pytest examples/test_pipecat_agent.py   (needs `pip install 'calltape[pipecat]' pytest-asyncio`;
+no keys, no network)
+
+``build_worker`` stands for your agent: your real pipeline, with the network services passed in, so
+the test hands it calltape's offline stand-ins (``ScriptedLLM``, ``ScriptedSTT``, ``ScriptedTTS``,
+``OfflineTransport``). The test plays one call, then replays it once per event boundary with the caller
+barging in exactly there, and checks every run: the ``calltape check`` rules, the context invariants,
+and the assertion below. A failure names the instant and prints the call's timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
+from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
+from pipecat.transports.base_transport import BaseTransport
+from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
+from pipecat.turns.user_turn_strategies import UserTurnStrategies
+
+from calltape import CallSession
+from calltape.adapters.pipecat import register_function
+from calltape.checks import CheckOptions
+from calltape.testing.explore import Run, explore
+from calltape.testing.pipecat import (
+    Call,
+    OfflineTransport,
+    PipecatCaller,
+    Say,
+    ScriptedLLM,
+    ScriptedSTT,
+    ScriptedTTS,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Your agent (in your project: `from my_agent import build_worker`)
+
+REFILLS: dict[str, list[str]] = {}  # the pharmacy's side effects, per call
+
+
+def build_worker(
+    call: CallSession, *, llm: LLMService, stt: STTService, tts: TTSService, transport: BaseTransport
+) -> PipelineWorker:
+    """A pharmacy line: refills a prescription, then says goodbye and hangs up."""
+
+    async def refill_prescription(params: FunctionCallParams) -> None:
+        await asyncio.sleep(0.2)  # the pharmacy's API
+        REFILLS.setdefault(call.session_id, []).append(params.arguments["rx"])
+        await params.result_callback({"ready": "tomorrow"})
+
+    async def end_call(params: FunctionCallParams) -> None:
+        await params.result_callback({"ended": True})
+
+    # calltape runs each tool under its guard: durable start, timeout, exactly once, and a call of
+    # a reply the caller interrupted is never started (pipecat-ai#4997).
+    register_function(llm, call, "refill_prescription", refill_prescription, cancel_on_interruption=False)
+    register_function(llm, call, "end_call", end_call)
+
+    context = LLMContext(messages=[{"role": "system", "content": "You are a pharmacy's phone agent."}])
+    pair = LLMContextAggregatorPair(
+        context,
+        user_params=LLMUserAggregatorParams(
+            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.1)]),
+        ),
+    )
+    pipeline = Pipeline([transport.input(), stt, pair.user(), llm, tts, transport.output(), pair.assistant()])
+    return PipelineWorker(pipeline, params=PipelineParams(audio_out_sample_rate=16000), idle_timeout_secs=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+
+
+async def one_call(call: CallSession) -> None:
+    """The scenario: a scripted caller and LLM drive the real pipeline, recorded into ``call``."""
+    llm = ScriptedLLM(
+        [
+            [Say("Refilling that for you now."), Call("refill_prescription", "c1", {"rx": "RX-1"})],
+            [Say("It will be ready tomorrow. Goodbye!"), Call("end_call", "c2")],
+        ],
+        run_in_parallel=False,
+    )
+    worker = build_worker(call, llm=llm, stt=ScriptedSTT(), tts=ScriptedTTS(), transport=OfflineTransport())
+    async with PipecatCaller(worker, call) as caller:
+        await caller.says("I need my prescription refilled, number RX-1")
+        await caller.settled()
+
+
+def refilled_at_most_once(run: Run) -> None:
+    """Your own checks of each run: here, a barge-in never makes the pharmacy refill twice."""
+    refills = REFILLS.get(run.events[0].session, [])
+    assert len(refills) <= 1, f"refilled {len(refills)} times"
+
+
+@pytest.mark.asyncio
+async def test_every_barge_in_instant() -> None:
+    REFILLS.clear()
+    exploration = await explore(
+        one_call,
+        assertions=refilled_at_most_once,
+        options=CheckOptions(talk_over_ms=2000),  # wall-clock thresholds, on a busy CI machine
+        concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
+    )
+    exploration.assert_ok()
+    print(f"{len(exploration.runs)} runs in {exploration.seconds:.1f} s")

@@ -1,0 +1,170 @@
+"""The picture's content and page, without a browser: what each lane holds agrees with the fold, and
+every string of the page is escaped (the browser test, test_browser.py, checks what Chromium makes of it)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from html.parser import HTMLParser
+
+import orjson
+import pytest
+from picture_support import HOSTILE, events, wire_events
+
+from calltape.events import parse_event
+from calltape.picture import CSP, LANES, build_picture, render_html, timeline_html
+from calltape.projections import ContextFold
+
+
+def by_lane(lane: str) -> list:
+    return [i for i in build_picture(events()).items if i.lane == lane]
+
+
+def test_replies_show_heard_and_unheard_text_as_the_context_does() -> None:
+    replies = by_lane("reply")
+    assert [(r.status, r.heard, r.unheard) for r in replies] == [
+        ("interrupted", "Sure, booking a table", " for two at eight."),
+        ("unheard", "", "Let me check the menu."),
+        ("heard", "Hello from the sommelier.", ""),
+    ]
+    fold = ContextFold()
+    fold.apply_many(events())
+    assistant = [i["content"] for i in fold.native()["items"] if i.get("role") == "assistant"]
+    assert assistant == [r.heard for r in replies if r.heard]
+    # r1 ends where its playout was cut; the late token is counted, not drawn as text
+    assert (replies[0].start_ms, replies[0].end_ms) == (1200, 2100)
+    assert "1 late token(s)" in replies[0].title
+    assert (replies[2].start_ms, replies[2].end_ms) == (4200, 4900)
+
+
+def test_tools_are_spans_with_their_outcome() -> None:
+    tools = {i.seqs[0]: i for i in by_lane("tool")}
+    assert [(t.status, t.start_ms, t.end_ms, t.open) for t in tools.values()] == [
+        ("completed", 1300, 3400, False),
+        ("cancelled", 3560, 3600, False),  # never started: settled by the barge-in on its reply
+        ("excluded", 3650, 3650, False),  # asked for after the barge-in: not in the context
+        ("unknown", 4300, 5200, False),  # settled by the drop
+    ]
+    first = next(iter(tools.values()))
+    assert "after the barge-in" in first.title and first.label == "book_table → completed · 2.0s"
+    assert [e for e in first.seqs] == [8, 10, 17]
+
+
+def test_user_lanes_interruptions_and_the_call_lane() -> None:
+    assert [(i.kind, i.start_ms, i.end_ms) for i in by_lane("vad")] == [
+        ("speech", 100, 1000),
+        ("interim", 400, None),
+        ("speech", 2000, 2700),
+    ]
+    assert [(i.kind, i.label) for i in by_lane("transcript")] == [
+        ("final", "a table for two please"),
+        ("final", HOSTILE),
+        ("typed", "thanks"),
+    ]
+    assert [(i.kind, i.start_ms) for i in by_lane("interruption")] == [
+        ("interruption", 2100),
+        ("interruption", 3600),
+        ("ignored", 3700),  # nothing left to interrupt: drawn apart
+    ]
+    assert [i.kind for i in by_lane("call")] == ["started", "handoff", "dropped", "resumed", "ended"]
+    assert build_picture(events()).dropped == [(5000, 5300)]
+
+
+def test_an_open_call_runs_to_the_end() -> None:
+    cut = events()[:12]  # r1 playing, book_table running, the user speaking
+    picture = build_picture(cut)
+    tool = next(i for i in picture.items if i.lane == "tool")
+    reply = next(i for i in picture.items if i.lane == "reply")
+    speech = [i for i in picture.items if i.kind == "speech"]
+    assert (tool.status, tool.open, tool.end_ms) == ("in_progress", True, picture.duration_ms)
+    assert reply.open and "waiting for playout" in reply.title
+    assert speech[-1].open and speech[-1].end_ms == picture.duration_ms
+
+
+def test_the_items_refer_to_the_events_embedded() -> None:
+    picture = build_picture(events())
+    referred = {seq for item in picture.items for seq in item.seqs}
+    assert set(picture.events) == referred
+    assert picture.events[15]["data"]["text"] == HOSTILE
+
+
+class Page(HTMLParser):
+    """What a browser would build: elements, attributes and text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        (self.scripts if self._in_script else self.text).append(data)
+
+
+def parse(page: str) -> Page:
+    parser = Page()
+    parser.feed(page)
+    return parser
+
+
+def test_user_data_is_escaped_everywhere() -> None:
+    page = timeline_html(events())
+    parsed = parse(page)
+    tags = [tag for tag, _ in parsed.tags]
+    assert tags.count("script") == 2 and "img" not in tags
+    assert not any(name.startswith("on") for _, attrs in parsed.tags for name in attrs)
+    assert any("</script><script>window.__pwned" in t for t in parsed.text)  # shown as text
+    data = orjson.loads(parsed.scripts[0])
+    assert data["events"]["15"]["data"]["text"] == HOSTILE
+    assert "<" not in parsed.scripts[0]
+
+
+def test_nothing_loads_and_only_the_page_script_runs() -> None:
+    page = timeline_html(events())
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert "@import" not in page and "url(" not in page
+    script = parse(page).scripts[1]
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in CSP and "default-src 'none'" in CSP
+    assert f'content="{CSP}"' in page
+
+
+def test_every_lane_is_drawn_with_one_element_per_item() -> None:
+    page = timeline_html(events())
+    for lane, caption in LANES:
+        assert f'data-lane="{lane}"' in page and f">{caption}<" in page
+    assert page.count('class="ct-item ') == len(build_picture(events()).items)
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_an_empty_or_one_event_session_renders(cut: int) -> None:
+    picture = build_picture(events()[:cut])
+    page = render_html(picture)
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+
+
+def test_a_playout_cut_by_speech_ended_is_an_interruption() -> None:
+    script = [
+        (0, "session.started", {"agent": "a"}),
+        (100, "agent.reply.started", {"reply": "r1"}),
+        (200, "agent.text", {"reply": "r1", "text": "One two three four."}),
+        (250, "agent.reply.done", {"reply": "r1"}),
+        (300, "agent.speech.started", {"reply": "r1"}),
+        (900, "agent.speech.ended", {"reply": "r1", "interrupted": True, "heard": "One two"}),
+        (950, "agent.speech.ended", {"reply": "r1", "interrupted": True}),  # again: nothing new to cut
+        (1000, "interruption", {"reply": "r1"}),  # too late: ignored
+    ]
+    picture = build_picture([parse_event(w).with_seq(n) for n, w in enumerate(wire_events(script), 1)])
+    reply = next(i for i in picture.items if i.lane == "reply")
+    assert (reply.status, reply.heard, reply.unheard, reply.end_ms) == ("interrupted", "One two", " three four.", 900)
+    marks = [(i.kind, i.start_ms) for i in picture.items if i.lane == "interruption"]
+    assert marks == [("cut", 900), ("ignored", 1000)]

@@ -1,0 +1,111 @@
+"""Barge-in exploration over a real LiveKit ``AgentSession`` (the offline stand-ins of
+calltape.testing.livekit): a tool that waits for its announcement to play before acting
+(``ctx.wait_for_playout()``) acts anyway when the caller cut the announcement off, because LiveKit's
+wait returns as if it had played; with calltape's ``wait_for_playout`` under a guarded tool it does not."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import Agent, AgentSession, RunContext, function_tool
+
+from calltape.adapters import livekit as calltape_livekit
+from calltape.checks import CheckOptions
+from calltape.runtime import CallSession
+from calltape.testing.explore import Exploration, Run, explore
+from calltape.testing.livekit import Call, LiveKitCaller, Say, ScriptedLLM, ScriptedTTS
+
+pytestmark = pytest.mark.livekit
+
+TRANSFERS: dict[str, int] = {}
+"""Per run (session id): how many times the agent really transferred the caller."""
+
+
+def transfer_agent(call: CallSession, *, guarded: bool) -> Agent:
+    """The agent under test: announces a transfer, waits until the caller has heard it, transfers."""
+
+    def transferred() -> str:
+        TRANSFERS[call.session_id] = TRANSFERS.get(call.session_id, 0) + 1  # in production: SIP REFER
+        return "transferred"
+
+    class Unguarded(Agent):
+        @function_tool
+        async def transfer(self, ctx: RunContext[Any]) -> str:
+            """Puts the caller through to a colleague."""
+            await ctx.wait_for_playout()
+            return transferred()
+
+    class Guarded(Agent):
+        @calltape_livekit.function_tool
+        async def transfer(self, ctx: RunContext[Any]) -> str:
+            """Puts the caller through to a colleague."""
+            await calltape_livekit.wait_for_playout(ctx)  # raises Interrupted if the caller cut in
+            return transferred()
+
+    kind = Guarded if guarded else Unguarded
+    return kind(instructions="You are a bank's phone agent.")
+
+
+def scenario(*, guarded: bool) -> Any:
+    async def run(call: CallSession) -> None:
+        llm = ScriptedLLM(
+            [[Say("Let me put you through to a colleague now."), Call("transfer", "c1")], [Say("Of course.")]]
+        )
+        session: AgentSession[Any] = AgentSession(llm=llm, tts=ScriptedTTS())
+        async with LiveKitCaller(session, transfer_agent(call, guarded=guarded), call) as caller:
+            await caller.says("I want to talk to a person")
+            await caller.settled()
+
+    return run
+
+
+def no_transfer_after_a_cut_announcement(run: Run) -> None:
+    """The user's own assertion: a caller who cut the announcement off is not transferred."""
+    asking = {e.data["reply"] for e in run.events if e.type == "tool.call" and e.data["name"] == "transfer"}
+    cut = any(e.type == "interruption" and e.data.get("reply") in asking for e in run.events)
+    heard_all = any(
+        e.type == "agent.speech.ended" and e.data.get("reply") in asking and not e.data.get("interrupted")
+        for e in run.events
+    )
+    if cut and not heard_all:
+        assert not TRANSFERS.get(run.events[0].session), "the caller was transferred without hearing why"
+
+
+async def _explore(guarded: bool) -> Exploration:
+    TRANSFERS.clear()  # run sessions are named by boundary: the same names in every exploration
+    return await explore(
+        scenario(guarded=guarded),
+        assertions=no_transfer_after_a_cut_announcement,
+        # The tap records the end of an interrupted reply's speech when LiveKit finishes the speech,
+        # which waits for the reply's tools (the audio itself stopped at the barge-in): allow for the
+        # tool to give up, on a loaded CI machine.
+        options=CheckOptions(talk_over_ms=6000),
+        concurrency=8,
+    )
+
+
+async def test_exploration_finds_the_tool_that_acts_on_an_unheard_announcement() -> None:
+    exploration = await _explore(guarded=False)
+    assert not exploration.baseline.failed, exploration.baseline.describe()
+    assert TRANSFERS[exploration.baseline.events[0].session] == 1  # uninterrupted, the caller is put through
+    failures = exploration.failures
+    assert failures, "a barge-in during the announcement must be found"
+    for run in failures:
+        assert any("transferred without hearing why" in p for p in run.problems), run.describe()
+    with pytest.raises(AssertionError, match=r"runs failed; the first: a barge-in at boundary \d+"):
+        exploration.assert_ok()
+
+
+async def test_the_guarded_agent_passes_every_boundary() -> None:
+    started = time.perf_counter()
+    exploration = await _explore(guarded=True)
+    exploration.assert_ok()
+    # not vacuous: some barge-ins cut the announcement, and then nobody was transferred
+    cut = [r for r in exploration.runs if any(e.type == "interruption" for e in r.events)]
+    assert cut and any(not TRANSFERS.get(r.events[0].session) for r in cut)
+    assert time.perf_counter() - started < 120
