@@ -269,14 +269,16 @@ def stats(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Figures from the log: events, interruptions, tool outcomes and durations, drops, resumes,
-    handoffs, and the recoveries calltape performed (late results delivered, duplicates prevented,
-    fenced writes, timeouts, …)."""
+    handoffs, the recoveries calltape performed (late results delivered, duplicates prevented,
+    fenced writes, timeouts, …), and the voice latencies (p50/p95/p99): user stopped speaking to
+    agent speech, interruption to agent silent, reply to first text, and tool durations by name."""
     since_ms = parse_when(since, "--since") if since else None
     until_ms = parse_when(until, "--until") if until else None
 
     async def compute() -> dict[str, Any]:
         from calltape.cli.progress import meter
         from calltape.runtime import merge_stats, session_stats
+        from calltape.runtime.latency import Latencies
 
         async with opened_store(ctx) as store:
             if session is not None:
@@ -284,11 +286,12 @@ def stats(
                 return session_stats(await store.read(session))
             infos = await store.sessions(agent=agent, tenant=tenant, since_ms=since_ms, until_ms=until_ms)
             figures = []
+            latencies = Latencies()
             with meter("reading sessions", len(infos), count=True) as bar:
                 for info in infos:
-                    figures.append(session_stats(await store.read(info.session)))
+                    figures.append(session_stats(await store.read(info.session), into=latencies))
                     bar.update(advance=1)
-            return merge_stats(figures)
+            return merge_stats(figures, latencies)
 
     figures = run(compute())
     if json_out:
@@ -326,6 +329,33 @@ def _print_stats(figures: dict[str, Any], session: str | None) -> None:
     table.add_row("handoffs", str(figures["handoffs"]))
     table.add_row("recoveries", counts(figures["recoveries"]))
     out().print(table)
+    _print_latencies(figures["latency_ms"])
+
+
+_LATENCY_ROWS = (
+    ("user_stopped_to_agent_speech", "user stopped → agent speaks"),
+    ("interruption_to_agent_stopped", "interruption → agent silent"),
+    ("reply_to_first_text", "reply started → first text"),
+)
+
+
+def _print_latencies(latency: dict[str, Any]) -> None:
+    """The latency figures as a table: one row per figure and per tool, p50/p95/p99/max in ms."""
+    table = Table(title="latency (ms)", title_justify="left", box=None, pad_edge=False)
+    table.add_column("figure", style="bold")
+    for name in ("count", "p50", "p95", "p99", "max"):
+        table.add_column(name, justify="right")
+
+    def row(label: str, summary: dict[str, Any]) -> None:
+        cells = ("-" if summary[k] is None else str(summary[k]) for k in ("count", "p50", "p95", "p99", "max"))
+        table.add_row(Text(label), *cells)  # Text: a tool's name is never read as markup
+
+    for key, label in _LATENCY_ROWS:
+        row(label, latency[key])
+    for name, summary in latency["tool_duration"].items():
+        row(f"tool {name}", summary)
+    out().print()
+    out().print(table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +379,9 @@ def serve(
         ),
     ] = "info",
 ) -> None:
-    """Receive Vapi, Retell and Bland webhooks and record the calls (POST /vapi, /retell, /bland).
+    """Receive Vapi, Retell and Bland webhooks and record the calls (POST /vapi, /retell, /bland);
+    GET /metrics gives the voice latency figures of every call in the store, from the server's start,
+    as Prometheus histograms.
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.

@@ -1,5 +1,7 @@
 """The live runtime: guarded tools, interruption-aware waits, resume and handoff (SPEC sections 3, 4)."""
 
+from calltape.runtime.latency import Latencies, LatencyTracker, follow_latencies, session_latencies
+from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
 from calltape.runtime.resume import AlreadyResumed, ResumePlan, ToolDecision, handoff, resume
@@ -15,6 +17,8 @@ __all__ = [
     "EventSink",
     "FoldedSink",
     "Interrupted",
+    "Latencies",
+    "LatencyTracker",
     "LiveCall",
     "Recovery",
     "RecoveryBus",
@@ -25,10 +29,13 @@ __all__ = [
     "ToolOutcome",
     "ToolSpec",
     "canonical_arguments",
+    "follow_latencies",
     "handoff",
     "logging_sink",
     "merge_stats",
+    "otel_latency_sink",
     "recoveries",
     "resume",
+    "session_latencies",
     "session_stats",
 ]

@@ -8,35 +8,32 @@ from typing import Any
 
 from calltape.events import Event
 from calltape.projections import ContextFold
+from calltape.runtime.latency import Latencies, LatencyTracker, percentile
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def session_stats(events: Iterable[Event]) -> dict[str, Any]:
-    """Counts, tool outcomes and durations, and the recoveries calltape performed."""
+def session_stats(events: Iterable[Event], *, into: Latencies | None = None) -> dict[str, Any]:
+    """Counts, tool outcomes and durations, the recoveries calltape performed, and the voice latency
+    figures (:mod:`calltape.runtime.latency`); ``into`` also receives the latency samples, for totals."""
     fold = ContextFold()
     types: Counter[str] = Counter()
     recoveries: Counter[str] = Counter()
-    started_at: dict[str, int] = {}
-    durations: list[float] = []
+    tracker = LatencyTracker()
+    latencies = Latencies()
     first = last = None
     for event in events:
-        fold.apply(event)
+        if not fold.apply(event):
+            continue  # a duplicate id: it happened once
+        for sample in tracker.observe(event):
+            latencies.add(sample)
         types[event.type] += 1
         first = event.at_ms if first is None else first
         last = event.at_ms
         if event.type == RECOVERY_EVENT_TYPE:
             recoveries[str(event.data.get("kind"))] += 1
-        elif event.type == "tool.started":
-            started_at.setdefault(event.data["call"], event.at_ms)
-        elif event.type in ("tool.result", "tool.cancelled") and event.data["call"] in started_at:
-            durations.append(event.at_ms - started_at.pop(event.data["call"]))
+    if into is not None:
+        into.update(latencies)
+    durations = [ms for values in latencies.tools.values() for ms in values]
     outcomes = Counter(c.status for c in fold.tool_calls() if c.included)
     return {
         "session": fold.session,
@@ -47,18 +44,20 @@ def session_stats(events: Iterable[Event]) -> dict[str, Any]:
         "tools": {
             "calls": sum(outcomes.values()),
             "outcomes": dict(sorted(outcomes.items())),
-            "duration_ms_p50": _percentile(durations, 0.5),
+            "duration_ms_p50": percentile(durations, 0.5),
             "duration_ms_max": max(durations) if durations else None,
         },
         "resumes": types.get("session.resumed", 0),
         "handoffs": types.get("agent.handoff", 0),
         "drops": types.get("session.dropped", 0),
         "recoveries": dict(sorted(recoveries.items())),
+        "latency_ms": latencies.summary(),
     }
 
 
-def merge_stats(all_stats: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over several sessions (``calltape stats`` with no session)."""
+def merge_stats(all_stats: Iterable[dict[str, Any]], latencies: Latencies | None = None) -> dict[str, Any]:
+    """Totals over several sessions (``calltape stats`` with no session); ``latencies`` holds every
+    session's samples (``session_stats(..., into=latencies)``): percentiles are of the pooled samples."""
     total: dict[str, Any] = {"sessions": 0, "events": 0, "interruptions": 0, "resumes": 0, "handoffs": 0, "drops": 0}
     outcomes: Counter[str] = Counter()
     recoveries: Counter[str] = Counter()
@@ -70,4 +69,5 @@ def merge_stats(all_stats: Iterable[dict[str, Any]]) -> dict[str, Any]:
         recoveries.update(s["recoveries"])
     total["tool_outcomes"] = dict(sorted(outcomes.items()))
     total["recoveries"] = dict(sorted(recoveries.items()))
+    total["latency_ms"] = (latencies or Latencies()).summary()
     return total

@@ -3,6 +3,7 @@
 from calltape.extras import requires_extra
 
 with requires_extra("serve"):
+    import prometheus_client  # noqa: F401  (GET /metrics)
     import starlette  # noqa: F401  (the receiver's framework, named in the error when absent)
     import uvicorn  # noqa: F401
 

@@ -7,6 +7,7 @@ Start-up costs about a second per process, so independent invocations run concur
 from __future__ import annotations
 
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,24 @@ class Cli:
     def many(self, *commands: Sequence[str], db: str | bool | None = True) -> list[Result]:
         with ThreadPoolExecutor(max_workers=len(commands)) as pool:
             return list(pool.map(lambda args: self(*args, db=db), commands))
+
+    def on_terminal(
+        self, *args: str, stdout: Any = subprocess.PIPE
+    ) -> tuple[subprocess.CompletedProcess[bytes], bytes]:
+        """Runs with stderr on a pseudo-terminal (where rich draws progress); returns what it drew there."""
+        primary, secondary = pty.openpty()
+        env = {**self.env, "TERM": "xterm", "COLUMNS": "100"}
+        env.pop("NO_COLOR", None)
+        proc = subprocess.run(self.argv(args), stdout=stdout, stderr=secondary, env=env, timeout=180)
+        os.close(secondary)
+        drawn = b""
+        try:
+            while chunk := os.read(primary, 65536):
+                drawn += chunk
+        except OSError:
+            pass
+        os.close(primary)
+        return proc, drawn
 
     def popen(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)

@@ -4,9 +4,6 @@ progress only on a terminal."""
 from __future__ import annotations
 
 import gzip
-import os
-import pty
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +84,8 @@ def test_progress_on_a_terminal_only(plain_cli: Cli, tmp_path: Path) -> None:
     assert piped.code == 0 and piped.err == "", piped
     # stderr on a pseudo-terminal: rich draws the bar there (stdout stays plain)
     exported = tmp_path / "export.jsonl"
-    primary, secondary = pty.openpty()
-    env = {**plain_cli.env, "TERM": "xterm", "COLUMNS": "100"}
-    env.pop("NO_COLOR", None)
     with exported.open("wb") as sink:
-        proc = subprocess.run([plain_cli.exe, "export", "--all"], stdout=sink, stderr=secondary, env=env, timeout=180)
-    os.close(secondary)
-    drawn = b""
-    try:
-        while chunk := os.read(primary, 65536):
-            drawn += chunk
-    except OSError:
-        pass
-    os.close(primary)
+        proc, drawn = plain_cli.on_terminal("export", "--all", stdout=sink)
     assert proc.returncode == 0
     assert b"exporting" in drawn, drawn
     lines = [orjson.loads(line) for line in exported.read_bytes().splitlines()]
