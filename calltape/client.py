@@ -58,8 +58,11 @@ class Calltape:
         durable_timeout: float | None = 10.0,
         spill_dir: Path | None = None,
         bus: RecoveryBus | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.url = url
+        self.tenant = tenant
+        """The tenant the store is opened for (None: ``$CALLTAPE_TENANT``, else none)."""
         self._upgrade_schema = upgrade_schema
         self._recorder_options: dict[str, Any] = {
             "max_batch": max_batch,
@@ -89,7 +92,7 @@ class Calltape:
         from calltape.eventstore import open_store
         from calltape.eventstore.recorder import Recorder
 
-        store = await open_store(self.url, upgrade_schema=self._upgrade_schema)
+        store = await open_store(self.url, upgrade_schema=self._upgrade_schema, tenant=self.tenant)
         try:
             self._recorder = await Recorder(store, **self._recorder_options).start()
         except BaseException:
@@ -236,6 +239,7 @@ def connect(
     durable_timeout: float | None = 10.0,
     spill_dir: Path | None = None,
     bus: RecoveryBus | None = None,
+    tenant: str | None = None,
 ) -> Calltape:
     """Connects to a calltape store: ``async with calltape.connect(url) as ct`` or ``await connect(url)``.
 
@@ -245,7 +249,8 @@ def connect(
     upgraded with ``calltape db upgrade`` first (``upgrade_schema=True`` does it here). The recorder
     options are those of :class:`~calltape.eventstore.recorder.Recorder`: ``close_timeout`` bounds
     how long closing waits for an unreachable database before spilling to ``spill_dir``, and
-    ``durable_timeout`` how long a durable append waits.
+    ``durable_timeout`` how long a durable append waits. ``tenant`` (default ``$CALLTAPE_TENANT``) opens
+    the store for one tenant: its calls are that tenant's, and it sees no other tenant's sessions.
     """
     return Calltape(
         url,
@@ -258,4 +263,5 @@ def connect(
         durable_timeout=durable_timeout,
         spill_dir=spill_dir,
         bus=bus,
+        tenant=tenant,
     )

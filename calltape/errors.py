@@ -44,6 +44,16 @@ class SessionErased(CalltapeError):
         self.session = session
 
 
+class TenantRefused(CalltapeError):
+    """A write names a session of another tenant than the store's (SPEC section 6): nothing was written."""
+
+    def __init__(self, session: str | None, tenant: str | None) -> None:
+        which = f"session '{session}'" if session else "a session in this write"
+        store = f"a store opened for tenant '{tenant}'" if tenant else "a store that declared no tenant"
+        super().__init__(f"{which} belongs to another tenant, and {store} writes only its own sessions")
+        self.session, self.tenant = session, tenant
+
+
 class SchemaOutdated(CalltapeError):
     """The database schema is older (or newer) than this calltape."""
 

@@ -69,6 +69,17 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            metavar="NAME",
+            help="Open the store for one tenant: every command sees and writes only that tenant's sessions "
+            "(default $CALLTAPE_TENANT). On PostgreSQL the database enforces it (row-level security; connect as "
+            "a role prepared by `db upgrade --grant ROLE`); on SQLite, one file per deployment, calltape filters.",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option(
@@ -77,6 +88,11 @@ def _root(
     ] = False,
 ) -> None:
     ctx.obj = CliState(db=db)
+    if tenant is not None:
+        # Every store this process opens (commands, `serve`, `tail`) reads it there, as from the shell.
+        from calltape.eventstore.tenancy import ENV_TENANT
+
+        os.environ[ENV_TENANT] = tenant
 
 
 def _show_version(value: bool) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 
 from calltape.cli.common import CliError
-from calltape.errors import SchemaOutdated, StoreUnavailable
+from calltape.errors import SchemaOutdated, StoreUnavailable, TenantRefused
 from calltape.eventstore.errors import error_chain
 
 
@@ -131,7 +131,7 @@ def database_errors(raw_url: str) -> Iterator[None]:
     """Around every use of the database by a command: a user-caused failure becomes one sentence."""
     try:
         yield
-    except CliError:
+    except (CliError, TenantRefused):  # already the sentence (the driver's RLS error is only its context)
         raise
     except Exception as exc:
         sentence = explain(exc, raw_url)

@@ -68,7 +68,9 @@ def _session_json(info: SessionInfo) -> dict[str, Any]:
 def sessions(
     ctx: typer.Context,
     agent: Annotated[str | None, typer.Option(help="Only sessions whose current agent is this one.")] = None,
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant's sessions.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="Only this tenant's sessions (a filter; `calltape --tenant` opens one).")
+    ] = None,
     status: Annotated[
         str | None,
         typer.Option(

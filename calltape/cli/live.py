@@ -261,7 +261,7 @@ def stats(
         str | None, typer.Argument(metavar="SESSION", help="One session (default: totals over sessions).")
     ] = None,
     agent: Annotated[str | None, typer.Option(help="Totals: only this agent's sessions.")] = None,
-    tenant: Annotated[str | None, typer.Option(help="Totals: only this tenant's sessions.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Totals: only this tenant's sessions (a filter).")] = None,
     since: Annotated[
         str | None, typer.Option(metavar="WHEN", help="Totals: sessions active since WHEN (RFC 3339, date, 2h, 7d).")
     ] = None,

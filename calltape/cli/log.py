@@ -59,6 +59,16 @@ _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 def db_upgrade(
     ctx: typer.Context,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (the revisions before and after).")] = False,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            "--grant",
+            metavar="ROLE",
+            help="PostgreSQL: give this existing role what the application needs (read and write the calltape "
+            "tables' rows; no ownership, no bypass of row-level security), so tenants are kept apart for it.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
     from calltape.cli.dberrors import database_errors
@@ -67,14 +77,19 @@ def db_upgrade(
 
     url = database_url(ctx)
     with database_errors(url):
-        before, after = run(upgrade(url))
+        before, after = run(upgrade(url, grant=grant))
     place = where(url)
     if json_out:
-        write_json({"database": place, "before": before, "after": after, "upgraded": before != after})
+        result: dict[str, object] = {"database": place, "before": before, "after": after, "upgraded": before != after}
+        if grant is not None:
+            result["granted"] = grant
+        write_json(result)
     elif before == after:
         out().print(f"The {place} is already at schema revision {after}.")
     else:
         out().print(f"Upgraded the {place} from revision {before or 'none'} to {after}.")
+    if grant is not None and not json_out:
+        out().print(f"Role '{grant}' may now read and write calltape rows, one tenant at a time.")
 
 
 def db_info(

@@ -33,6 +33,7 @@ from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.postgres import PgWriter
 from calltape.eventstore.sqlite import SqliteDb, SqliteWriter
 from calltape.eventstore.store import EventStore
+from calltape.eventstore.tenancy import admit
 from calltape.eventstore.writer import AppendWriter
 
 SQLITE_LOCK_WAIT = 600.0
@@ -78,6 +79,7 @@ class BulkImport:
         import must then be abandoned (raise out of the block)."""
         if not events:
             return 0
+        events = admit(events, self._writer.tenant)
         batch_sessions = {e.session for e in events}
         self.counts.sessions.update(batch_sessions)
         fresh = sorted(batch_sessions - self._rows.keys())
@@ -118,6 +120,11 @@ class BulkImport:
         return len(await self._writer.stored_keys(keys))
 
 
+def _copy_in(store: EventStore) -> bool:
+    """Whether the store's role may COPY (PostgreSQL refuses it under row-level security)."""
+    return bool(getattr(store, "copy_in", True))
+
+
 @contextlib.asynccontextmanager
 async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
     """``async with bulk_import(store) as imp: await imp.add(batch) ...``: one transaction for all
@@ -143,7 +150,7 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
                         raise
                     await asyncio.sleep(0.1)
             try:
-                sqlite_import = BulkImport(SqliteWriter(SqliteDb(conn)))
+                sqlite_import = BulkImport(SqliteWriter(SqliteDb(conn), store.tenant))
                 try:
                     yield sqlite_import
                     await sqlite_import.finish()
@@ -154,13 +161,13 @@ async def bulk_import(store: EventStore) -> AsyncIterator[BulkImport]:
             finally:
                 await sa_conn.close()
         return
-    async with translate_errors(store.url), engine.connect() as sa_conn:
+    async with translate_errors(store.url, tenant=store.tenant), engine.connect() as sa_conn:
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
         try:
             async with driver.transaction():
-                pg_import = BulkImport(PgWriter(driver))
+                pg_import = BulkImport(PgWriter(driver, tenant=store.tenant, copy_in=_copy_in(store)))
                 yield pg_import
                 await pg_import.finish()
         except BaseException:
@@ -178,8 +185,8 @@ async def stored_keys(store: EventStore, keys: Sequence[tuple[str, str]]) -> set
         raise CalltapeError(f"bulk import is not available for a {type(store).__name__}")
     async with translate_errors(store.url), engine.connect() as sa_conn:
         if store.dialect == "sqlite":
-            return await SqliteWriter(SqliteDb(sa_conn)).stored_keys(keys)
+            return await SqliteWriter(SqliteDb(sa_conn), store.tenant).stored_keys(keys)
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        return await PgWriter(driver).stored_keys(keys)
+        return await PgWriter(driver, tenant=store.tenant).stored_keys(keys)

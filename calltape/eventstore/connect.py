@@ -16,10 +16,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from calltape.errors import CalltapeError, SchemaOutdated
+from calltape.eventstore import tenancy
 from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
 from calltape.eventstore.store import EventStore
+from calltape.eventstore.tenancy import tenant_settings
 from calltape.migrations import HEAD, VERSION_TABLE, alembic_config
 from calltape.redaction import Redactor
 
@@ -77,8 +79,12 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """An async engine for ``url``: SQLite configured for WAL and explicit BEGIN, PostgreSQL pooled."""
+def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
+    """An async engine for ``url``: SQLite configured for WAL and explicit BEGIN, PostgreSQL pooled.
+
+    Every PostgreSQL connection of the pool starts with ``calltape.tenant`` set to ``tenant`` (empty for
+    none): row-level security reads it, so whatever runs on the connection sees that tenant's rows only.
+    """
     if is_memory(url):
         # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
         # and hands it to one transaction at a time (SQLite serializes writers anyway).
@@ -103,7 +109,10 @@ def create_engine(url: str) -> AsyncEngine:
         max_overflow=20,
         json_serializer=_json_dumps,
         json_deserializer=orjson.loads,
-        connect_args={"timeout": 10, "server_settings": {"application_name": "calltape"}},
+        connect_args={
+            "timeout": 10,
+            "server_settings": tenant_settings(tenant),
+        },
     )
 
 
@@ -122,15 +131,24 @@ def _upgrade(conn: Connection) -> None:
     command.upgrade(cfg, "head")
 
 
-async def upgrade(url: str | None = None) -> tuple[str | None, str]:
-    """Applies the migrations; returns (revision before, revision after)."""
+async def upgrade(url: str | None = None, *, grant: str | None = None) -> tuple[str | None, str]:
+    """Applies the migrations; returns (revision before, revision after).
+
+    ``grant`` (PostgreSQL) names an existing role to prepare for the application: rights to read and
+    write the calltape tables' rows, nothing more; a role that bypasses row-level security is refused.
+    """
     resolved = resolve_url(url)
+    if grant is not None and make_url(resolved).get_backend_name() != "postgresql":
+        raise CalltapeError("--grant prepares a PostgreSQL role, and an SQLite file has no roles")
     engine = create_engine(resolved)
     try:
         async with translate_errors(resolved), _schema_transaction(engine) as conn:
             before = await conn.run_sync(_current_revision)
             if before != HEAD:
                 await conn.run_sync(_upgrade)
+            if grant is not None:
+                role = grant
+                await conn.run_sync(lambda sync: tenancy.grant(sync, role, VERSION_TABLE))
             return before, HEAD
     finally:
         await engine.dispose()
@@ -157,20 +175,36 @@ ENV_REDACT = "CALLTAPE_REDACT"
 
 
 async def open_store(
-    url: str | None = None, *, upgrade_schema: bool | None = None, redactor: Redactor | None = None
+    url: str | None = None,
+    *,
+    upgrade_schema: bool | None = None,
+    redactor: Redactor | None = None,
+    tenant: str | None = None,
 ) -> EventStore:
     """Opens the store at ``url``; SQLite stores are upgraded automatically, PostgreSQL ones are checked.
 
     ``redactor`` (default: the kinds in ``$CALLTAPE_REDACT``, e.g. ``card,email`` or ``all``) is applied to
     every event appended through this store, and the recorders over it, before it reaches the database.
+
+    ``tenant`` (default ``$CALLTAPE_TENANT``; ``""`` for none) opens the store for one tenant: it sees and
+    writes only that tenant's sessions. On PostgreSQL the database enforces it (row-level security), and a
+    role that bypasses row-level security is refused; on SQLite calltape filters (see :mod:`.tenancy`).
     """
     resolved = resolve_url(url)
+    tenant = tenancy.resolve_tenant(tenant)
     sqlite = make_url(resolved).get_backend_name() == "sqlite"
-    engine = create_engine(resolved)
+    engine = create_engine(resolved, tenant=tenant)
     try:
         async with translate_errors(resolved):
             async with engine.connect() as conn:
                 current = await conn.run_sync(_current_revision)
+                bypasses = not sqlite and bool((await conn.execute(text(tenancy.BYPASSES))).scalar())
+                if tenant is not None and bypasses:
+                    raise CalltapeError(
+                        "the PostgreSQL role of this connection bypasses row-level security, so it cannot be "
+                        f"held to tenant '{tenant}': connect as a role prepared with "
+                        "`calltape db upgrade --grant ROLE`"
+                    )
             head = HEAD
             if current != head:
                 if upgrade_schema if upgrade_schema is not None else sqlite:
@@ -188,6 +222,12 @@ async def open_store(
     except BaseException:
         await engine.dispose()
         raise
-    store: EventStore = SqliteEventStore(engine, resolved) if sqlite else PostgresEventStore(engine, resolved)
+    store: EventStore
+    if sqlite:
+        store = SqliteEventStore(engine, resolved)
+    else:
+        store = PostgresEventStore(engine, resolved)
+        store.copy_in = bypasses
+    store.tenant = tenant
     store.redactor = redactor if redactor is not None else Redactor.parse(os.environ.get(ENV_REDACT))
     return store

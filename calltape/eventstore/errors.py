@@ -11,7 +11,13 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from calltape.errors import SchemaOutdated, SessionErased, StoreUnavailable
+from calltape.errors import SchemaOutdated, SessionErased, StoreUnavailable, TenantRefused
+
+
+def is_rls_violation(exc: BaseException) -> bool:
+    """Whether a driver error is PostgreSQL refusing a row under row-level security."""
+    return getattr(exc, "sqlstate", None) == "42501" and "row-level security" in str(exc)
+
 
 _ASYNCPG_DISCONNECTS = (
     asyncpg.PostgresConnectionError,
@@ -60,16 +66,19 @@ def is_disconnect(exc: BaseException) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def translate_errors(url: str) -> AsyncIterator[None]:
-    """Turns driver errors into ``StoreUnavailable`` or ``SchemaOutdated`` naming the database."""
+async def translate_errors(url: str, *, tenant: str | None = None) -> AsyncIterator[None]:
+    """Turns driver errors into ``StoreUnavailable`` or ``SchemaOutdated`` naming the database, and a row
+    refused by row-level security into ``TenantRefused`` (for a store opened for ``tenant``)."""
     try:
         yield
-    except (StoreUnavailable, SchemaOutdated):
+    except (StoreUnavailable, SchemaOutdated, TenantRefused):
         raise
     except Exception as exc:
         chain = error_chain(exc)
         root = chain[-1] if len(chain) > 1 else exc
         text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        if any(is_rls_violation(e) for e in chain):
+            raise TenantRefused(None, tenant) from None
         if any("calltape: session erased" in str(e) for e in chain):
             raise SessionErased() from None  # the tombstone guard (migration 0002)
         if any(isinstance(e, asyncpg.UndefinedTableError) for e in chain) or "no such table" in text:

@@ -25,9 +25,8 @@ from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
+from calltape.eventstore.tenancy import NOTIFY_TENANTS, admit, channel, tenant_settings
 from calltape.eventstore.writer import AppendWriter, Key
-
-CHANNEL = "calltape_events"
 
 
 def _names(columns: Sequence[Column[Any]]) -> str:
@@ -42,8 +41,8 @@ def _arrays(columns: Sequence[Column[Any]], first: int = 1) -> str:
 
 # Whole columns travel as arrays (``unnest``): one round trip and one parse per batch, whatever its size.
 _LOCK_SESSIONS = f"""
-INSERT INTO ct_sessions (session, status, last_seq, epoch)
-SELECT s, 'active', 0, 1 FROM unnest($1::text[]) AS s ORDER BY s
+INSERT INTO ct_sessions (session, tenant, status, last_seq, epoch)
+SELECT s, $2::text, 'active', 0, 1 FROM unnest($1::text[]) AS s ORDER BY s
 ON CONFLICT (session) DO UPDATE SET session = EXCLUDED.session
 RETURNING {_names(SESSION_COLUMNS)}
 """
@@ -61,7 +60,7 @@ WITH v AS (
     UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
     FROM v WHERE s.session = v.session
 )
-SELECT pg_notify('{CHANNEL}', '')
+{NOTIFY_TENANTS}
 """
 
 _KEYS = "unnest($1::text[], $2::text[]) AS k(session, id) USING (session, id)"
@@ -110,11 +109,14 @@ class _PgDb(Db):
 class PgWriter(AppendWriter):
     """The append's steps on PostgreSQL: arrays in, COPY for the rows."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, *, tenant: str | None = None, copy_in: bool = True) -> None:
         self.conn = conn
+        self.tenant = tenant
+        self.copy_in = copy_in
+        """PostgreSQL refuses COPY FROM to a role held by row-level security: such a role INSERTs."""
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
-        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions)}
+        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions, self.tenant)}
 
     async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
         rows = await self.conn.fetch(_FIND_STORED, [k[0] for k in keys], [k[1] for k in keys])
@@ -125,6 +127,10 @@ class PgWriter(AppendWriter):
         return {(r[0], r[1]) for r in rows}
 
     async def insert(self, events: Sequence[Event]) -> None:
+        if not self.copy_in:
+            if await self.insert_new(events) != len(events):
+                raise _StoredDuplicate
+            return
         # COPY is the cheapest way in; a stored duplicate id aborts it (unique violation).
         rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
         await self.conn.copy_records_to_table("ct_events", records=rows, columns=_COPY_COLUMNS)
@@ -143,6 +149,8 @@ class PostgresEventStore(SqlEventStore):
     """The PostgreSQL event log: the feed ordered by ``(txid, pos)``, LISTEN/NOTIFY wake-ups."""
 
     dialect = "postgresql"
+    copy_in = True
+    """Whether appends may COPY (not for a role held by row-level security; set by ``open_store``)."""
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -150,7 +158,7 @@ class PostgresEventStore(SqlEventStore):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        async with translate_errors(self.url), self.engine.connect() as sa_conn:
+        async with translate_errors(self.url, tenant=self.tenant), self.engine.connect() as sa_conn:
             raw = await sa_conn.get_raw_connection()
             conn = raw.driver_connection
             assert conn is not None
@@ -175,10 +183,10 @@ class PostgresEventStore(SqlEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = self._redact(events)
+        events = admit(self._redact(events), self.tenant)
         sessions = sorted({e.session for e in events})
         async with self._connection() as conn:
-            writer = PgWriter(conn)
+            writer = PgWriter(conn, tenant=self.tenant, copy_in=self.copy_in)
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
             # an insert that met a stored id, or a rule that failed — is decided again, for real,
             # with the stored events looked up under the same session locks.
@@ -219,14 +227,15 @@ class PostgresEventStore(SqlEventStore):
         return FeedPosition(int(xmin), 0)
 
     def change_waiter(self) -> ChangeWaiter:
-        return _NotifyWaiter(self.url)
+        return _NotifyWaiter(self.url, self.tenant)
 
 
 class _NotifyWaiter(ChangeWaiter):
     """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tenant: str | None = None) -> None:
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
 
@@ -238,8 +247,8 @@ class _NotifyWaiter(ChangeWaiter):
             return
         self._conn = None
         try:
-            conn = await asyncpg.connect(self._dsn, timeout=5)
-            await conn.add_listener(CHANNEL, self._on_notify)
+            conn = await asyncpg.connect(self._dsn, timeout=5, server_settings=tenant_settings(self._tenant))
+            await conn.add_listener(channel(self._tenant), self._on_notify)
         except (TimeoutError, OSError, asyncpg.PostgresError):
             return
         conn.add_termination_listener(lambda _c: self._woken.set())

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, Text, bindparam, cast, delete, func, literal, select, update
+from sqlalchemy import Integer, Text, bindparam, cast, delete, func, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
@@ -178,9 +178,9 @@ def _sessions(filters: tuple[str, ...], order: str, descending: bool, limited: b
     return Query(build)
 
 
-_SESSION_FOR_UPDATE = Query(lambda _: select(literal(1)).where(_session_is(sessions)).with_for_update())
+_SESSION_FOR_UPDATE = Query(lambda _: select(sessions.c.tenant).where(_session_is(sessions)).with_for_update())
 _TOMBSTONE = Query(
-    lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events).where(
+    lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events, tombstones.c.tenant).where(
         _session_is(tombstones)
     )
 )
@@ -191,7 +191,10 @@ _DELETE_SESSION = Query(lambda _: delete(sessions).where(_session_is(sessions)))
 
 def _add_tombstone(dialect: str) -> ClauseElement:
     stmt: Any = insert_for(dialect)(tombstones).values(
-        session=bindparam("session"), erased_at_ms=bindparam("erased_at_ms"), events=bindparam("events")
+        session=bindparam("session"),
+        erased_at_ms=bindparam("erased_at_ms"),
+        events=bindparam("events"),
+        tenant=bindparam("tenant"),  # the session's: the tombstone stays with its tenant
     )
     upsert: ClauseElement = stmt.on_conflict_do_update(
         index_elements=[tombstones.c.session], set_={"events": tombstones.c.events + stmt.excluded.events}
@@ -287,19 +290,25 @@ class SqlEventStore(EventStore):
 
     async def erase(self, session: str) -> int:
         async with self._db(write=True) as db:
-            if await db.fetchrow(_SESSION_FOR_UPDATE, session=session) is None:
-                if await db.fetchrow(_TOMBSTONE, session=session) is None:
+            owner = await db.fetchrow(_SESSION_FOR_UPDATE, session=session)
+            if owner is not None and self.tenant is not None and owner[0] != self.tenant:
+                raise SessionNotFound(session)  # another tenant's (SQLite; PostgreSQL does not even show it)
+            if owner is None:
+                tomb = await db.fetchrow(_TOMBSTONE, session=session)
+                if tomb is None or (self.tenant is not None and tomb[3] != self.tenant):
                     raise SessionNotFound(session)
                 return 0
             count = await db.execute(_DELETE_EVENTS, session=session)
             await db.execute(_DELETE_SNAPSHOTS, session=session)
             await db.execute(_DELETE_SESSION, session=session)
-            await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count)
+            await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count, tenant=owner[0])
             return count
 
     async def tombstone(self, session: str) -> Tombstone | None:
         rows = await self._fetch(_TOMBSTONE, session=session)
-        return Tombstone(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+        if not rows or (self.tenant is not None and rows[0][3] != self.tenant):
+            return None
+        return Tombstone(rows[0][0], rows[0][1], rows[0][2])
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
         async with self._db(write=True) as db:

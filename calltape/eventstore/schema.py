@@ -124,8 +124,9 @@ tombstones = Table(
     Column("session", Text, primary_key=True),
     Column("erased_at_ms", BigInteger, nullable=False),
     Column("events", Integer, nullable=False),
+    Column("tenant", Text),
 )
-"""What stays of an erased session: id, time, event count; a trigger refuses the id ever after."""
+"""What stays of an erased session: id, time, event count, its tenant; a trigger refuses the id ever after."""
 
 SESSION_COLUMNS = tuple(sessions.c)
 """The summary's columns, in :class:`~calltape.eventstore.append_plan.SessionInfo` field order."""

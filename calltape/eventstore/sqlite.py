@@ -18,6 +18,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from calltape.errors import SessionNotFound
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
@@ -32,6 +33,7 @@ from calltape.eventstore.queries import (
 )
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS, events, sessions
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
+from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
 
 
@@ -88,7 +90,14 @@ def _id_in(names: str) -> ColumnElement[bool]:
 _ENSURE_SESSIONS = Query(
     lambda _: (
         insert(sessions)
-        .values(session=bindparam("session"), status="active", last_seq=0, epoch=1, started=False)
+        .values(
+            session=bindparam("session"),
+            tenant=bindparam("tenant"),
+            status="active",
+            last_seq=0,
+            epoch=1,
+            started=False,
+        )
         .on_conflict_do_nothing()
     )
 )
@@ -115,17 +124,22 @@ def _by_session(keys: Sequence[Key]) -> dict[str, list[str]]:
 class SqliteWriter(AppendWriter):
     """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction."""
 
-    def __init__(self, db: SqliteDb) -> None:
+    def __init__(self, db: SqliteDb, tenant: str | None = None) -> None:
         self.db = db
+        self.tenant = tenant
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
-        await self.db.executemany(_ENSURE_SESSIONS, [{"session": s} for s in sessions])
+        await self.db.executemany(_ENSURE_SESSIONS, [{"session": s, "tenant": self.tenant} for s in sessions])
         found = await self.db.fetch(_SESSIONS_IN, sessions=orjson.dumps(sessions).decode())
-        return {r[0]: to_session_info(r) for r in found}
+        rows = {r[0]: to_session_info(r) for r in found}
+        refuse_foreign(rows.values(), self.tenant)  # what PostgreSQL's policies refuse
+        return rows
 
     async def _select(self, query: Query, keys: Sequence[Key]) -> list[Sequence[Any]]:
         rows: list[Sequence[Any]] = []
         for session, ids in _by_session(keys).items():
+            if self.tenant is not None and await self.db.fetch(_OWN, session=session, tenant=self.tenant) == []:
+                continue  # another tenant's: a tenant store sees none of its events
             rows += await self.db.fetch(query, session=session, ids=orjson.dumps(ids).decode())
         return rows
 
@@ -166,6 +180,22 @@ _FEED_SESSION = Query(
     )
 )
 _HEAD = Query(lambda _: select(func.max(events.c.pos)))
+_OWN = Query(
+    lambda _: select(sessions.c.session).where(
+        sessions.c.session == bindparam("session"), sessions.c.tenant == bindparam("tenant")
+    )
+)
+_FEED_TENANT = Query(
+    lambda _: (
+        select(events.c.pos, *EVENT_SELECT)
+        .where(
+            events.c.pos > bindparam("pos"),
+            events.c.session.in_(select(sessions.c.session).where(sessions.c.tenant == bindparam("tenant"))),
+        )
+        .order_by(events.c.pos)
+        .limit(bindparam("limit"))
+    )
+)
 
 
 class SqliteEventStore(SqlEventStore):
@@ -188,15 +218,19 @@ class SqliteEventStore(SqlEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = self._redact(events)
+        events = admit(self._redact(events), self.tenant)
         async with self._db(write=True) as db:
-            return await SqliteWriter(db).append(events, expected_seq)
+            return await SqliteWriter(db, self.tenant).append(events, expected_seq)
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
         pos = (after or FeedPosition(0, 0)).pos
-        if session is None:
+        if session is not None and await self._hidden(session):
+            return []
+        if session is None and self.tenant is not None:
+            rows = await self._fetch(_FEED_TENANT, pos=pos, tenant=self.tenant, limit=limit)
+        elif session is None:
             rows = await self._fetch(_FEED, pos=pos, limit=limit)
         else:
             rows = await self._fetch(_FEED_SESSION, pos=pos, session=session, limit=limit)
@@ -208,3 +242,45 @@ class SqliteEventStore(SqlEventStore):
 
     def change_waiter(self) -> ChangeWaiter:
         return SleepWaiter()
+
+    # -- tenants: SQLite has no row-level security, so a tenant store filters here -------------
+
+    async def _hidden(self, session: str) -> bool:
+        """Whether a store opened for a tenant must not see this session."""
+        return self.tenant is not None and not await self._fetch(_OWN, session=session, tenant=self.tenant)
+
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        if await self._hidden(session):
+            return []
+        return await super().read(session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+
+    async def seq_at_time(self, session: str, at_ms: int) -> int:
+        return 0 if await self._hidden(session) else await super().seq_at_time(session, at_ms)
+
+    async def session_info(self, session: str) -> SessionInfo | None:
+        return None if await self._hidden(session) else await super().session_info(session)
+
+    async def sessions(self, *, tenant: str | None = None, **filters: Any) -> list[SessionInfo]:
+        if self.tenant is not None:
+            if tenant not in (None, self.tenant):
+                return []
+            tenant = self.tenant
+        return await super().sessions(tenant=tenant, **filters)
+
+    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        if await self._hidden(session):
+            raise SessionNotFound(session)
+        await super().rewrite_data(session, changes)
+
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        if not await self._hidden(session):
+            await super().save_snapshot(session, seq, version, state)
+
+    async def load_snapshot(
+        self, session: str, version: int, *, max_seq: int | None = None
+    ) -> tuple[int, bytes] | None:
+        if await self._hidden(session):
+            return None
+        return await super().load_snapshot(session, version, max_seq=max_seq)

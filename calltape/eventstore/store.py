@@ -76,6 +76,9 @@ class EventStore(ABC):
     url: str
     redactor: Redactor | None = None
     """Redaction on write: every appended event passes these rules before it reaches the database."""
+    tenant: str | None = None
+    """The tenant the store was opened for: it sees and writes only that tenant's sessions (None: the
+    operator's store on SQLite; on PostgreSQL whatever the connected role may see, see :mod:`.tenancy`)."""
 
     def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
         """The batch with the store's redaction applied, unless a writer (the recorder) already did."""

@@ -22,6 +22,9 @@ Key = tuple[str, str]
 class AppendWriter(ABC):
     """One connection inside a write transaction, speaking the append's SQL."""
 
+    tenant: str | None = None
+    """The store's tenant: the writer writes only that tenant's sessions (see :mod:`.tenancy`)."""
+
     @abstractmethod
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
         """Creates the missing session rows and returns all of them, locked until the transaction ends.

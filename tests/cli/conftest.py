@@ -47,7 +47,8 @@ class Cli:
         assert CALLTAPE, "the calltape console script is not installed in this environment"
         self.exe = CALLTAPE
         self.db = db
-        self.env = {k: v for k, v in os.environ.items() if k not in ("CALLTAPE_DATABASE_URL", "CALLTAPE_DEBUG")}
+        skip = ("CALLTAPE_DATABASE_URL", "CALLTAPE_DEBUG", "CALLTAPE_TENANT")
+        self.env = {k: v for k, v in os.environ.items() if k not in skip}
         self.env.update({"CALLTAPE_HOME": str(home), "COLUMNS": "200", "NO_COLOR": "1"})
 
     def argv(self, args: Sequence[str], db: str | bool | None = True) -> list[str]:

@@ -181,3 +181,25 @@ class TcpProxy:
 
     async def restart(self) -> None:
         await self.start()
+
+
+async def at_revision(url: str, revision: str) -> None:
+    """A database migrated only as far as ``revision``, as an older calltape left it."""
+    from alembic import command
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from calltape.eventstore import resolve_url
+    from calltape.migrations import alembic_config
+
+    engine = create_async_engine(resolve_url(url))
+    try:
+        async with engine.begin() as conn:
+
+            def run(sync_conn: object) -> None:
+                cfg = alembic_config()
+                cfg.attributes["connection"] = sync_conn
+                command.upgrade(cfg, revision)
+
+            await conn.run_sync(run)
+    finally:
+        await engine.dispose()

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from eventstore_support import started, text
+from eventstore_support import at_revision, started, text
 
 from calltape.errors import SessionErased, SessionNotFound
 from calltape.events import make_event
 from calltape.eventstore import EventStore, open_store
 from calltape.eventstore.recorder import Recorder
 from calltape.eventstore.retention import prune
+from calltape.migrations import head_revision
 from calltape.projections import snapshot_now
 
 
@@ -118,33 +119,11 @@ def test_cli_delete_then_reimport_is_refused_and_writes_nothing(tmp_path: Path) 
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
 
 
-async def _at_revision_0001(url: str) -> None:
-    """A v0.1 database: migrated only as far as the first revision, as v0.1 left it."""
-    from alembic import command
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from calltape.eventstore import resolve_url
-    from calltape.migrations import alembic_config
-
-    engine = create_async_engine(resolve_url(url))
-    try:
-        async with engine.begin() as conn:
-
-            def run(sync_conn: object) -> None:
-                cfg = alembic_config()
-                cfg.attributes["connection"] = sync_conn
-                command.upgrade(cfg, "0001")
-
-            await conn.run_sync(run)
-    finally:
-        await engine.dispose()
-
-
 async def _upgrades_in_place(url: str) -> None:
     from calltape.eventstore import upgrade
 
-    await _at_revision_0001(url)
-    assert await upgrade(url) == ("0001", "0002")
+    await at_revision(url, "0001")  # a v0.1 database, as v0.1 left it
+    assert await upgrade(url) == ("0001", head_revision())
     store = await open_store(url)
     try:
         await store.append([started("kept"), text("kept", "hello")])
