@@ -21,7 +21,7 @@ import sys
 import uuid
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
@@ -498,25 +498,16 @@ def replay(
         raise CliError("--into must name a new session, not the one being replayed")
 
     async def copy() -> int:
-        from calltape.errors import ConcurrencyConflict
-        from calltape.events import new_event_id
+        from calltape.eventstore.fork import ForkRefused, fork_session
 
         async with opened_store(ctx) as store:
             info = await require_session(store, session)
             if to is not None:
                 within(info, to, "--to")
-            existing = await store.session_info(into)
-            if existing is not None and existing.last_seq > 0:
-                raise CliError(
-                    f"session '{into}' already has {existing.last_seq} events; replay needs a new session id"
-                )
-            events = await store.read(session, to_seq=to)
-            copies = [replace(e, session=into, id=new_event_id(), seq=None) for e in events]
             try:
-                await store.append(copies, expected_seq=0)
-            except ConcurrencyConflict:
-                raise CliError(f"session '{into}' received events while the replay ran; nothing was copied") from None
-            return len(copies)
+                return await fork_session(store, session, into, to_seq=to)
+            except ForkRefused as refused:
+                raise CliError(str(refused)) from None
 
     count = run(copy())
     if json_out:

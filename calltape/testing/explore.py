@@ -1,5 +1,6 @@
 """Barge-in exploration: run an agent's scenario once, then once per event boundary with a barge-in
-landing exactly there, and check every run.
+landing exactly there, and once per tool call with the call dropped and resumed while it runs; check
+every run.
 
 A scenario is an ``async`` function that drives a :class:`~calltape.runtime.CallSession` the way the
 agent does (a scripted caller and a scripted LLM emitting events, the agent's real tools under
@@ -8,7 +9,9 @@ records an ``interruption`` of the latest reply at the scenario's first ``await`
 (where a barge-in from the transport can really land), and lets the scenario carry on. Each run is
 its own session in one private in-memory store; runs go concurrently. Every run is checked with
 :func:`calltape.testing.invariant_violations` (the ``calltape check`` rules and the context
-invariants) and with the user's own assertions.
+invariants) and with the user's own assertions. The drop runs are
+:mod:`calltape.testing.dropresume`'s: the writer stops mid-tool, the session is resumed from the log
+and the scenario carries on on the resumed call.
 
 An agent on a real framework lands its barge-ins through the framework: its scripted caller registers
 itself with :func:`set_barge_in` (:class:`calltape.testing.pipecat.PipecatCaller` and
@@ -22,14 +25,14 @@ import asyncio
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from calltape.checks import CheckOptions, Violation
 from calltape.events import Event
 from calltape.eventstore import EventStore
-from calltape.runtime import CallSession, Interrupted
+from calltape.runtime import CallSession, Interrupted, ToolSpec
 
 Scenario = Callable[[CallSession], Awaitable[None]]
 """The agent under test, driving one call."""
@@ -68,6 +71,10 @@ class Run:
     """The user's failed assertions and unexpected exceptions of the scenario."""
     interrupted: bool = False
     """The scenario stopped on :class:`~calltape.runtime.Interrupted` (an agent giving up its turn)."""
+    dropped: str | None = None
+    """A drop run: the call id that was running when the call was dropped (then resumed)."""
+    resume: dict[str, Any] | None = None
+    """A drop run: the resume plan's JSON (checkpoint, epoch, tool decisions)."""
 
     @property
     def failed(self) -> bool:
@@ -76,11 +83,14 @@ class Run:
 
     def describe(self) -> str:
         """The instant and what broke there (ids and rule names only, never the call's words)."""
-        where = (
-            "the uninterrupted run"
-            if self.boundary is None
-            else (f"a barge-in at boundary {self.boundary} (landed after {self.after})")
-        )
+        if self.dropped is not None and self.after is None:
+            where = f"a drop while tool call {self.dropped} ran (it did not land: the call finished first)"
+        elif self.dropped is not None:
+            where = f"a drop and resume while tool call {self.dropped} ran (landed after {self.after})"
+        elif self.boundary is None:
+            where = "the uninterrupted run"
+        else:
+            where = f"a barge-in at boundary {self.boundary} (landed after {self.after})"
         lines = [f"{where}:"]
         lines += [f"  {v}" for v in self.violations]
         lines += [f"  {p}" for p in self.problems]
@@ -165,17 +175,25 @@ async def _one_run(
     agent: str,
     assertions: list[Assertion],
     options: CheckOptions | None,
+    tools: Mapping[str, ToolSpec] | None = None,
+    drop: tuple[int, str] | None = None,
 ) -> tuple[Run, list[str]]:
     from calltape.eventstore.recorder import Recorder
     from calltape.testing import invariant_violations
+    from calltape.testing.dropresume import DropHook
 
-    run = Run(boundary=at)
+    run = Run(boundary=at, dropped=drop[1] if drop else None)
     recorder = Recorder(store)
     await recorder.start()
     session = "explored-baseline" if at is None else f"explored-at-{at}"
+    if drop is not None:
+        session = f"explored-drop-{drop[0]}"
+    dropping: DropHook | None = None
     try:
-        call = await CallSession.start(recorder, session, agent=agent)
+        call = await CallSession.start(recorder, session, agent=agent, tools=tools)
         hook = _BargeIn(call, at)
+        if drop is not None:
+            dropping = DropHook(call, store, recorder, drop[1], agent)
         try:
             await scenario(call)
         except Interrupted:
@@ -187,11 +205,17 @@ async def _one_run(
                 await hook.landing
             except Exception as exc:
                 run.problems.append(f"the barge-in raised {type(exc).__name__}")
+        if dropping is not None:
+            await dropping.finish()
+            if dropping.error is not None:
+                run.problems.append(f"the drop and resume raised {type(dropping.error).__name__}")
         if not {"session.ended", "session.dropped"} & set(hook.types):
             await call.end("scenario finished")
     finally:
         await recorder.close()
-    run.after = hook.after
+    run.after = hook.after if dropping is None else dropping.after
+    if dropping is not None and dropping.plan is not None:
+        run.resume = dropping.plan.to_json()
     run.events = await store.read(session)
     run.context = call.fold.native()
     run.violations = invariant_violations(run.events, session, options)
@@ -212,8 +236,12 @@ async def explore(
     agent: str = "agent",
     options: CheckOptions | None = None,
     concurrency: int = 16,
+    tools: Mapping[str, ToolSpec] | None = None,
+    drops: bool = False,
 ) -> Exploration:
-    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there.
+    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (with
+    ``drops=True``) once per tool call of the uninterrupted run with the call dropped and resumed while
+    that tool runs. ``tools`` are the calls' tool specs (resume reads ``idempotent`` and ``reconcile``).
 
     Returns every run; call :meth:`Exploration.assert_ok` to fail a test on the first broken instant.
     """
@@ -223,7 +251,7 @@ async def explore(
     started = time.perf_counter()
     store = await open_store("sqlite://")  # one private in-memory store; each run is its own session
     try:
-        return await _explore(store, scenario, checks, agent, options, concurrency, started)
+        return await _explore(store, scenario, checks, agent, options, concurrency, started, tools, drops)
     finally:
         await store.close()
 
@@ -236,8 +264,14 @@ async def _explore(
     options: CheckOptions | None,
     concurrency: int,
     started: float,
+    tools: Mapping[str, ToolSpec] | None = None,
+    drops: bool = False,
 ) -> Exploration:
-    baseline, types = await _one_run(store, scenario, None, agent=agent, assertions=checks, options=options)
+    from calltape.testing.dropresume import started_calls
+
+    baseline, types = await _one_run(
+        store, scenario, None, agent=agent, assertions=checks, options=options, tools=tools
+    )
     boundaries = [
         k for k, kind in enumerate(types, start=1) if k > 1 and kind not in ("session.ended", "session.dropped")
     ]
@@ -245,8 +279,18 @@ async def _explore(
 
     async def bounded(k: int) -> Run:
         async with gate:
-            run, _ = await _one_run(store, scenario, k, agent=agent, assertions=checks, options=options)
+            run, _ = await _one_run(store, scenario, k, agent=agent, assertions=checks, options=options, tools=tools)
             return run
 
-    runs = await asyncio.gather(*(bounded(k) for k in boundaries))
+    async def dropped(n: int, call_id: str) -> Run:
+        async with gate:
+            run, _ = await _one_run(
+                store, scenario, None, agent=agent, assertions=checks, options=options, tools=tools, drop=(n, call_id)
+            )
+            return run
+
+    calls = started_calls(baseline.events) if drops else []
+    runs = await asyncio.gather(
+        *(bounded(k) for k in boundaries), *(dropped(n, c) for n, c in enumerate(calls, start=1))
+    )
     return Exploration([baseline, *runs], time.perf_counter() - started)

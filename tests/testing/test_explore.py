@@ -61,8 +61,10 @@ async def guarded_agent(call: CallSession) -> None:
 def no_booking_for_a_cancelled_turn(run: Run) -> None:
     """The user's own assertion: a booking exists only when the turn asking for it was not cut first."""
     outputs = [i for i in run.context["items"] if i["type"] == "function_call_output"]
+    # a drop mid-tool (then a resume) leaves the booking's outcome unknown: never re-run blindly
+    allowed = ("completed", "cancelled", "unknown") if run.dropped else ("completed", "cancelled")
     for output in outputs:
-        assert output["status"] in ("completed", "cancelled"), output["status"]
+        assert output["status"] in allowed, output["status"]
 
 
 async def test_exploration_finds_the_queued_call_of_an_interrupted_generation() -> None:

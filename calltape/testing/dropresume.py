@@ -1,0 +1,211 @@
+"""Drop and resume mid-tool, for barge-in exploration: the call is lost while one tool call runs, the
+session is resumed from the log (SPEC section 4), and the scenario carries on on the resumed call.
+
+What a drop run does, deterministically whatever the machine's speed:
+
+* it lands at the scenario's first ``await`` after the chosen call's ``tool.started`` (the tool is
+  running: its side effects may have happened, its result is not in the log);
+* **the writer stops**: nothing the old writer does from then on reaches the log. A tool run under
+  ``call.run_tool`` keeps running (the worst case: its side effect happens, its result is lost) but its
+  runner is cut off from the call; the outcome events of the dropped call that the scenario writes
+  itself (an agent running its tools by hand) are lost with the writer, until the call is started again;
+* ``session.dropped`` is recorded and :func:`calltape.runtime.resume` settles what was in flight
+  (``unknown`` for a started call, ``retry`` for one declared idempotent, ``reuse`` for a result in the
+  log); the same ``call`` object then writes at the new epoch, from a context rebuilt from the log;
+* the scenario carries on: what it emits meanwhile (the caller, the LLM) lands on the resumed call, in
+  order, once the resume is done; a ``run_tool`` that was cut off is asked again on the resumed call,
+  which answers as a resumed agent's guarded runner does (the stored outcome, or one more run for a
+  ``retry``); a durable write, or a new ``run_tool``, waits for the resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from calltape.events import Event, make_event
+from calltape.eventstore import EventStore
+from calltape.eventstore.recorder import Recorder
+from calltape.projections import ToolCallState, build_context
+from calltape.runtime import CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, resume
+from calltape.runtime.tools import ToolRunner
+from calltape.runtime.toolspec import ToolBody
+from calltape.runtime.waits import PlayoutWaiters
+
+__all__ = ["DropHook", "started_calls"]
+
+_OUTCOMES = frozenset({"tool.progress", "tool.result", "tool.cancelled"})
+
+
+def started_calls(events: list[Event]) -> list[str]:
+    """The call ids that started in a run, in order: one drop run each."""
+    return list(dict.fromkeys(e.data["call"] for e in events if e.type == "tool.started"))
+
+
+class _Severed:
+    """The dropped writer as a tool runner sees it: it keeps its old view of the call, and nothing it
+    writes goes anywhere (the process lost its connection to the call)."""
+
+    def __init__(self, call: CallSession) -> None:
+        self.fold = call.fold
+        self._make = call._make
+        self.tools: Mapping[str, ToolSpec] = call.tools
+        self.session_id = call.session_id
+
+    def emit(
+        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+    ) -> Event:
+        event = self._make(event_type, data, at_ms, id)
+        self.fold.apply(event)
+        return event
+
+    async def emit_durable(
+        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+    ) -> Event:
+        return self.emit(event_type, data, at_ms=at_ms, id=id)
+
+    def call_state(self, call_id: str) -> ToolCallState | None:
+        return self.fold.tool_call(call_id)
+
+    def reply_interrupted(self, reply: str) -> bool:
+        state = self.fold.reply_state(reply)
+        return state is not None and state.interrupted
+
+    def report(self, recovery: Recovery) -> None:
+        return None
+
+
+class DropHook:
+    """Drops ``call`` while the tool call ``call_id`` runs, resumes it, and carries the scenario on."""
+
+    def __init__(self, call: CallSession, store: EventStore, recorder: Recorder, call_id: str, agent: str) -> None:
+        self.call, self.store, self.recorder = call, store, recorder
+        self.call_id, self.agent = call_id, agent
+        self.after: str | None = None
+        """Where the drop landed (None: the call never started in this run)."""
+        self.plan: ResumePlan | None = None
+        self.error: BaseException | None = None
+        self._count = 1  # session.started
+        self._holding = False
+        self._lost = False  # the dropped call's own outcome events are lost until it starts again
+        self._held: list[Event] = []
+        self._ended = False
+        self._resumed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        folded = call._fold
+
+        def fold(event: Event) -> None:
+            folded(event)
+            if not event.type.startswith("x."):
+                self._count += 1
+            if event.type == "session.ended":
+                self._ended = True
+            if (
+                event.type == "tool.started"
+                and event.data.get("call") == call_id
+                and self.after is None
+                and not self._holding
+            ):
+                self.after = f"tool.started of {call_id}, event {self._count}"
+                asyncio.get_running_loop().call_soon(self._land)
+
+        call._fold = fold  # type: ignore[method-assign]
+        call.emit = self._emit  # type: ignore[method-assign]
+        call.emit_durable = self._emit_durable  # type: ignore[method-assign]
+        call.run_tool = self._run_tool  # type: ignore[method-assign]
+
+    # -- the drop ------------------------------------------------------------------------------
+
+    def _land(self) -> None:
+        call = self.call
+        state = call.fold.tool_call(self.call_id)
+        if self._ended or call.fold.dropped or state is None or state.status != "in_progress":
+            self.after = None  # the tool (or the call) finished before a drop could land
+            return
+        self._holding = self._lost = True
+        call.runner.call = _Severed(call)
+        call.playout.interrupt(None, "session.dropped")
+        self._task = asyncio.ensure_future(self._drop_and_resume())
+
+    async def _drop_and_resume(self) -> None:
+        call = self.call
+        try:
+            await self.recorder.flush()  # what the writer emitted before the drop is in the log
+            dropped = make_event(call.session_id, "session.dropped", {"reason": "exploration"}, epoch=call.epoch)
+            await self.store.append([dropped])
+            self.plan = await resume(self.store, call.session_id, self.agent, tools=call.tools, bus=call.bus)
+            fold = await build_context(self.store, call.session_id)
+            # The same object becomes the resumed call's writer: the scenario holds it. The old runner
+            # and playout waiters stay with the dropped writer (severed, released).
+            call.fold = fold
+            call._epoch = fold.epoch
+            call.writer_agent = fold.agent
+            call.playout = PlayoutWaiters()
+            call.runner = ToolRunner(call)
+            self._holding = False
+            held, self._held = self._held, []
+            for event in held:  # what the scenario said meanwhile, now on the resumed call, in order
+                CallSession.emit(call, event.type, event.data, id=event.id)
+        except BaseException as exc:  # reported as the run's problem; the scenario must not hang
+            self.error = exc
+            self._holding = False
+        finally:
+            self._resumed.set()
+
+    async def finish(self) -> None:
+        """Waits for the drop and resume, if one landed."""
+        if self._task is not None:
+            await self._task
+
+    # -- the call as the scenario sees it -----------------------------------------------------
+
+    def _lost_event(self, event_type: str, data: Mapping[str, Any] | None) -> bool:
+        if not self._lost or data is None or data.get("call") != self.call_id:
+            return False
+        if event_type == "tool.started":
+            self._lost = False  # started again on the resumed call: its outcome counts from here
+            return False
+        return event_type in _OUTCOMES
+
+    def _emit(
+        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+    ) -> Event:
+        call = self.call
+        if self._lost_event(event_type, data):
+            return call._make(event_type, data, at_ms, id)
+        if self._holding:
+            event = call._make(event_type, data, None, id)
+            call._fold(event)  # the scenario's own view goes on; the log gets it after the resume
+            self._held.append(event)
+            return event
+        return CallSession.emit(call, event_type, data, at_ms=at_ms, id=id)
+
+    async def _emit_durable(
+        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+    ) -> Event:
+        if self._lost_event(event_type, data):
+            return self.call._make(event_type, data, at_ms, id)
+        if self._holding:
+            await self._resumed.wait()
+        return await CallSession.emit_durable(self.call, event_type, data, at_ms=at_ms, id=id)
+
+    async def _run_tool(
+        self,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        body: ToolBody,
+        *,
+        reply: str | None = None,
+        spec: ToolSpec | None = None,
+    ) -> ToolOutcome:
+        call = self.call
+        if self._holding:
+            await self._resumed.wait()
+        runner = call.runner
+        outcome = await CallSession.run_tool(call, call_id, name, arguments, body, reply=reply, spec=spec)
+        if runner.call is call:
+            return outcome
+        await self._resumed.wait()  # cut off by the drop: the resumed call answers the same ask
+        return await CallSession.run_tool(call, call_id, name, arguments, body, reply=reply, spec=spec)
