@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
 )
 
+from calltape.canonical_json import canonical_bytes
 from calltape.errors import InvalidEvent
 
 # ---------------------------------------------------------------------------------------------
@@ -49,18 +50,27 @@ def format_time(at_ms: int) -> str:
     )
 
 
-def parse_time(value: str) -> int:
-    """RFC 3339 (``Z`` or an offset) to epoch milliseconds; a naive time is taken as UTC."""
+def to_datetime(value: str) -> datetime:
+    """RFC 3339 (``Z`` or an offset) as an aware datetime; a naive time is taken as UTC.
+    Raises ``ValueError``: the one parser every time on the wire goes through."""
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
+    dt = datetime.fromisoformat(text)
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def datetime_ms(dt: datetime) -> int:
+    """An aware datetime as epoch milliseconds."""
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
+
+
+def parse_time(value: str) -> int:
+    """RFC 3339 (``Z`` or an offset) to epoch milliseconds; a naive time is taken as UTC."""
     try:
-        dt = datetime.fromisoformat(text)
+        return datetime_ms(to_datetime(value))
     except ValueError as exc:
         raise InvalidEvent(f"'{value}' is not an RFC 3339 time") from exc
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
 def new_event_id() -> str:
@@ -114,7 +124,7 @@ class Event:
         """One JSONL line; ``data`` keys sorted, so both backends export byte-identical lines
         (PostgreSQL's jsonb does not keep key order)."""
         wire = self.to_wire()
-        wire["data"] = orjson.Fragment(orjson.dumps(self.data, option=orjson.OPT_SORT_KEYS))
+        wire["data"] = orjson.Fragment(canonical_bytes(self.data))
         return orjson.dumps(wire)
 
 
@@ -539,9 +549,8 @@ class _Envelope(BaseModel):
     @classmethod
     def _rfc3339(cls, value: Any) -> Any:
         if isinstance(value, str):
-            text = value.strip()
             try:
-                return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+                return to_datetime(value)
             except ValueError:
                 raise ValueError(f"'{value}' is not an RFC 3339 time") from None
         return value
@@ -629,7 +638,6 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
 
 
 _WIRE_FIELDS = frozenset({"id", "session", "seq", "type", "at", "agent", "epoch", "data"})
-_MS = timedelta(milliseconds=1)
 
 
 def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
@@ -657,10 +665,9 @@ def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
         if type(at) is not str:
             return None
         try:
-            moment = datetime.fromisoformat(at)
+            at_ms = datetime_ms(to_datetime(at))
         except ValueError:
             return None
-        at_ms = ((moment if moment.tzinfo else moment.replace(tzinfo=UTC)) - _EPOCH) // _MS
     model = DATA_MODELS.get(event_type)
     if model is None:
         data = dict(data)
@@ -714,7 +721,7 @@ def _parse_union(obj: Mapping[str, Any], event_type: str) -> Event:
     at_ms = now_ms()
     if model.at is not None:
         at = model.at if model.at.tzinfo else model.at.replace(tzinfo=UTC)
-        at_ms = (at - _EPOCH) // _MS
+        at_ms = datetime_ms(at)
     return Event(
         type=event_type,
         data=data,

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from calltape.adapters.replies import ReplyTracker
+from calltape.canonical_json import json_text
 from calltape.errors import InvalidEvent
 from calltape.events import now_ms
 from calltape.projections import output_text, to_realtime
@@ -336,7 +337,7 @@ class RealtimeTap:
         status = getattr(output, "status", None)
         if value is None and status is not None:
             value = {"status": status}
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        text = json_text(value)
         self._results.add(call_id)
         return ConversationItemCreateEvent.model_validate(
             {

@@ -31,6 +31,7 @@ import orjson
 from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.adapters.replies import ReplyTracker
 from calltape.adapters.webhook_auth import sign_retell, verify_retell_signature
+from calltape.canonical_json import canonical_arguments, json_text
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event
 from calltape.runtime.protocol import LiveCall
@@ -54,13 +55,7 @@ def _norm(text: str) -> str:
 
 
 def _canonical(arguments: Any) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = orjson.loads(arguments) if arguments.strip() else {}
-        except orjson.JSONDecodeError:
-            return str(arguments)
-    canonical: str = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
-    return canonical
+    return canonical_arguments(arguments).decode()
 
 
 @dataclass(slots=True)
@@ -362,7 +357,7 @@ class RetellLLMSession:
                 {
                     "response_type": "tool_call_result",
                     "tool_call_id": cid,
-                    "content": output if isinstance(output, str) else orjson.dumps(output).decode(),
+                    "content": json_text(output),
                 }
             )
         return outcome

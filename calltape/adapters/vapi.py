@@ -29,6 +29,7 @@ import orjson
 from calltape.adapters.reconstruct import Turn, reconstruct
 from calltape.adapters.replies import EventCollector, ReplyTracker
 from calltape.adapters.webhook_auth import verify_vapi_request
+from calltape.canonical_json import canonical_bytes, json_text
 from calltape.errors import InvalidEvent
 from calltape.events import Event, now_ms
 from calltape.projections import ContextFold, fold_events
@@ -106,7 +107,7 @@ def tool_results(
     for call, outcome in zip(calls, outcomes, strict=True):
         output = getattr(outcome, "output", outcome)
         status = getattr(outcome, "status", "completed")
-        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        text = json_text(output)
         entry: dict[str, Any] = {"toolCallId": call.id, "name": call.name}
         if status in failed:
             entry["error"] = text if output is not None else status
@@ -244,7 +245,7 @@ class VapiIngest:
             st = _CallState.over(session, ContextFold(session))
             self._remember(session, st)
         at = int(msg["timestamp"]) if isinstance(msg.get("timestamp"), (int, float)) else now_ms()
-        digest = hashlib.sha256(orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
+        digest = hashlib.sha256(canonical_bytes(msg)).hexdigest()[:20]
         st.writer.reset(f"vapi:{digest}:", at)
         if self._map(msg, st):
             return self.reconstruct(body)

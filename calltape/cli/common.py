@@ -21,6 +21,7 @@ import orjson
 import typer
 from rich.console import Console
 
+from calltape.canonical_json import json_text
 from calltape.errors import CalltapeError
 
 if TYPE_CHECKING:
@@ -239,8 +240,7 @@ def shorten(text: str, limit: int = 80) -> str:
 
 def compact_json(value: Any, limit: int = 80) -> str:
     """A value as compact JSON, shortened for a table cell."""
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
-    return shorten(text, limit)
+    return shorten(json_text(value), limit)
 
 
 # ---------------------------------------------------------------------------------------------

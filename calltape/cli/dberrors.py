@@ -18,19 +18,7 @@ from sqlalchemy.engine import URL, make_url
 
 from calltape.cli.common import CliError
 from calltape.errors import SchemaOutdated, StoreUnavailable, TenantRefused
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """The error and everything it wraps (SQLAlchemy's ``orig``, causes, contexts)."""
-    found: list[BaseException] = []
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or any(e is f for f in found):
-            continue
-        found.append(e)
-        stack += [getattr(e, "orig", None), e.__cause__, e.__context__]
-    return found
+from calltape.eventstore.errors import error_chain
 
 
 def _server(url: URL) -> str:
@@ -44,7 +32,7 @@ def explain(exc: BaseException, raw_url: str) -> str | None:
         url = make_url(raw_url)
     except Exception:
         return None
-    chain = _chain(exc)
+    chain = error_chain(exc)
     if url.get_backend_name() == "sqlite":
         return _explain_sqlite(chain, url)
     return _explain_postgres(chain, url)

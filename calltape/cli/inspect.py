@@ -7,12 +7,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from calltape.canonical_json import canonical_bytes
 from calltape.cli.common import (
     FORMAT_HELP,
     CliError,
@@ -267,7 +267,7 @@ def describe_item(item: dict[str, Any] | None, limit: int = 70) -> str:
 
 
 def _key(item: dict[str, Any]) -> bytes:
-    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+    return canonical_bytes(item)
 
 
 def diff_items(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:

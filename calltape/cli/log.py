@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 import orjson
 import typer
 
+from calltape.canonical_json import canonical_bytes
 from calltape.cli.common import (
     CliError,
     database_url,
@@ -207,7 +208,7 @@ class _Parser:
             return parse_event(line)  # raises InvalidEvent with the JSON error
         if isinstance(obj, dict) and obj.get("id") is None and isinstance(obj.get("session"), str):
             body = {k: v for k, v in obj.items() if k != "seq"}
-            canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+            canonical = canonical_bytes(body)
             n = self.occurrences.get(canonical, 0)
             self.occurrences[canonical] = n + 1
             obj["id"] = str(uuid.uuid5(_ID_NAMESPACE, f"{obj['session']}\x00{n}\x00{canonical!r}"))

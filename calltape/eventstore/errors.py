@@ -42,7 +42,7 @@ def where(url: str) -> str:
     return f"PostgreSQL at {u.host or 'localhost'}:{u.port or 5432}/{u.database or ''}"
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def error_chain(exc: BaseException) -> list[BaseException]:
     """The error and everything it wraps (SQLAlchemy's ``orig``, causes, contexts)."""
     found: list[BaseException] = []
     stack: list[BaseException | None] = [exc]
@@ -60,7 +60,8 @@ def is_disconnect(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
         return True
     return any(
-        isinstance(e, (OSError, asyncio.TimeoutError, sa_exc.TimeoutError, *_ASYNCPG_DISCONNECTS)) for e in _chain(exc)
+        isinstance(e, (OSError, asyncio.TimeoutError, sa_exc.TimeoutError, *_ASYNCPG_DISCONNECTS))
+        for e in error_chain(exc)
     )
 
 
@@ -73,7 +74,7 @@ async def translate_errors(url: str, *, tenant: str | None = None) -> AsyncItera
     except (StoreUnavailable, SchemaOutdated, TenantRefused):
         raise
     except Exception as exc:
-        chain = _chain(exc)
+        chain = error_chain(exc)
         root = chain[-1] if len(chain) > 1 else exc
         text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
         if any(is_rls_violation(e) for e in chain):
@@ -97,7 +98,7 @@ _TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 
 def is_transient(exc: BaseException) -> bool:
     """A conflict that a second attempt of the same transaction can win (not an outage, not a verdict)."""
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if getattr(e, "sqlstate", None) in _TRANSIENT_SQLSTATES:
             return True
         if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):

@@ -28,6 +28,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+from calltape.backoff import Backoff
 from calltape.errors import CalltapeError, StoreUnavailable
 from calltape.events import Event, dumps_jsonl, make_event, now_ms
 from calltape.eventstore.errors import is_transient
@@ -460,13 +461,14 @@ class Recorder:
         (serialization failure, deadlock, a busy SQLite file) a few times at once. A rule's verdict
         (fenced, invalid, conflict) is final, and any other error is treated as a verdict on this batch:
         retrying it would only hold every other session back. The writer never dies."""
-        delay = self.retry_initial
+        backoff = Backoff(self.retry_initial, self.retry_max)
         transient = 0
         while True:
             try:
                 return await self.store.append(events)
             except StoreUnavailable as exc:
                 self._note_outage(loop, str(exc))
+                delay = backoff.next()
                 log.warning("calltape: %s; %d event(s) kept, retrying in %.2fs", exc, self.pending, delay)
             except CalltapeError:
                 raise
@@ -480,7 +482,6 @@ class Recorder:
                 log.error("calltape: the store refused %d event(s) (%s)", len(events), type(exc).__name__)
                 raise CalltapeError(f"the store refused the write ({type(exc).__name__})") from exc
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.retry_max)
 
     def _note_outage(self, loop: asyncio.AbstractEventLoop, error: str) -> None:
         self.stats.retries += 1

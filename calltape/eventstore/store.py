@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from calltape.backoff import Backoff
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
@@ -153,17 +154,17 @@ class EventStore(ABC):
         """Follows the feed forever from ``after``; survives lost connections without gaps or repeats."""
         position = after or START
         waiter = self.change_waiter()
-        backoff = 0.05
+        backoff = Backoff(0.05, 2.0)
         try:
             while True:
                 try:
                     rows = await self.feed(position, limit=batch, session=session)
                 except StoreUnavailable as exc:
-                    log.warning("subscription: %s; retrying in %.2fs", exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                    delay = backoff.next()
+                    log.warning("subscription: %s; retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
                     continue
-                backoff = 0.05
+                backoff.reset()
                 for position, event in rows:
                     yield position, event
                 if len(rows) < batch:

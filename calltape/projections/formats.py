@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from calltape.canonical_json import json_text
 from calltape.errors import CalltapeError
 
 Native = dict[str, Any]
@@ -39,9 +40,7 @@ class UnknownFormat(CalltapeError, ValueError):
 
 def output_text(output: Any) -> str:
     """Tool output as the string the provider APIs want."""
-    # Sorted keys: PostgreSQL's jsonb does not keep key order, and the same log must render the same
-    # context whichever backend stored it.
-    return output if isinstance(output, str) else orjson.dumps(output, option=orjson.OPT_SORT_KEYS).decode()
+    return json_text(output)
 
 
 def _input_object(arguments: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
+from calltape.canonical_json import canonical_text
 
 INTERRUPTED: Final = "interrupted"
 IN_PROGRESS: Final = "in_progress"
@@ -163,7 +163,7 @@ def arguments_text(value: Any) -> str:
     """Tool arguments as the JSON string every provider format carries (a blank string is ``{}``)."""
     if isinstance(value, str):
         return value if value.strip() else "{}"
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    return canonical_text(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
+from calltape.canonical_json import canonical_arguments
 from calltape.projections import ToolCallState
 
 __all__ = [
@@ -69,15 +68,5 @@ class ToolOutcome:
     """completed, error, timeout, cancelled or unknown."""
     ran: bool
     """False when calltape answered from the log (exactly-once) or refused to start the call."""
-
-
-def canonical_arguments(arguments: Any) -> bytes:
-    """Arguments as sorted-key JSON, so ``{"a":1,"b":2}`` and ``'{"b": 2, "a": 1}'`` are the same call."""
-    if isinstance(arguments, (str, bytes)):
-        try:
-            arguments = orjson.loads(arguments) if arguments.strip() else {}
-        except orjson.JSONDecodeError:
-            return arguments.encode() if isinstance(arguments, str) else arguments
-    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
 
 
