@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from calltape.cli.common import CliError, opened_store, out, parse_when, run, write_json
+from calltape.cli.progress import meter
 
 
 def delete(
@@ -70,7 +71,14 @@ def prune(
 
     async def go() -> object:
         async with opened_store(ctx) as store:
-            return await prune_sessions(store, before_ms=before, status=status, dry_run=dry_run)
+            with meter("pruning", None, count=True) as bar:
+                return await prune_sessions(
+                    store,
+                    before_ms=before,
+                    status=status,
+                    dry_run=dry_run,
+                    progress=lambda done, total: bar.update(completed=done, total=total),
+                )
 
     report = run(go())
     sessions, events = report.sessions, report.events  # type: ignore[attr-defined]

@@ -35,12 +35,22 @@ class Meter:
         """Whether a bar is on screen (a terminal)."""
         return self._progress is not None
 
-    def update(self, *, completed: float | None = None, advance: float | None = None, note: str | None = None) -> None:
-        """Moves the bar: to ``completed``, or by ``advance``; ``note`` replaces the trailing text."""
+    def update(
+        self,
+        *,
+        completed: float | None = None,
+        advance: float | None = None,
+        total: float | None = None,
+        note: str | None = None,
+    ) -> None:
+        """Moves the bar: to ``completed``, or by ``advance``; ``total`` once it is known; ``note``
+        replaces the trailing text."""
         if self._progress is None or self._task is None:
             return
         fields = {"note": note} if note is not None else {}
-        self._progress.update(self._task, completed=completed, advance=advance, **fields)  # type: ignore[arg-type]
+        self._progress.update(
+            self._task, completed=completed, advance=advance, total=total, **fields  # type: ignore[arg-type]
+        )
 
 
 def shows_progress() -> bool:
