@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 
-from calltape.events import make_event
+from calltape.events import make_event, now_ms
 from calltape.eventstore import EventStore
 from calltape.picture import CSP, timeline_html
 from calltape.server.app import create_app
@@ -24,7 +24,10 @@ async def _call(store: EventStore, session: str) -> None:
         ("agent.reply.done", {"reply": "r1"}),
         ("session.ended", {}),
     ]
-    await store.append([make_event(session, t, d, at_ms=1_700_000_000_000 + 100 * n) for n, (t, d) in enumerate(rows)])
+    # Now, not a fixed date: the index lists the latest calls, and the shared PostgreSQL test database
+    # holds every other test's calls too.
+    start = now_ms()
+    await store.append([make_event(session, t, d, at_ms=start + 100 * n) for n, (t, d) in enumerate(rows)])
 
 
 async def _get(
