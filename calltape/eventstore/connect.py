@@ -6,7 +6,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 from sqlalchemy import Connection, inspect, text
@@ -19,6 +18,7 @@ from calltape.errors import CalltapeError, SchemaOutdated
 from calltape.eventstore import tenancy
 from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
+from calltape.eventstore.queries import dumps_data
 from calltape.eventstore.sqlite import SqliteEventStore, configure_engine
 from calltape.eventstore.store import EventStore
 from calltape.eventstore.tenancy import tenant_settings
@@ -59,10 +59,6 @@ def resolve_url(url: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _json_dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
 def is_memory(url: str) -> bool:
     """Whether ``url`` names SQLite's in-memory database (one private database per opened store)."""
     parsed = make_url(url)
@@ -93,21 +89,21 @@ def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
             poolclass=AsyncAdaptedQueuePool,
             pool_size=1,
             max_overflow=0,
-            json_serializer=_json_dumps,
+            json_serializer=dumps_data,
             json_deserializer=orjson.loads,
         )
         configure_engine(engine)
         return engine
     if make_url(url).get_backend_name() == "sqlite":
         _create_private(Path(make_url(url).database or ""))
-        engine = create_async_engine(url, json_serializer=_json_dumps, json_deserializer=orjson.loads)
+        engine = create_async_engine(url, json_serializer=dumps_data, json_deserializer=orjson.loads)
         configure_engine(engine)
         return engine
     return create_async_engine(
         url,
         pool_size=10,
         max_overflow=20,
-        json_serializer=_json_dumps,
+        json_serializer=dumps_data,
         json_deserializer=orjson.loads,
         connect_args={
             "timeout": 10,
