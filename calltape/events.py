@@ -246,6 +246,18 @@ def _check_envelope_text(event: Event) -> None:
 
 def check_event(event: Event) -> Event:
     """Checks an event against the limits both databases share; marks it checked and returns it."""
+    _check_envelope(event)
+    if not isinstance(event.data, dict):
+        raise InvalidEvent("'data' must be an object")
+    if _check_value(event.data, 0) > MAX_DATA_BYTES:  # measured only when it might be too big
+        if len(orjson.dumps(event.data)) > MAX_DATA_BYTES:
+            raise InvalidEvent(f"'data' is larger than {MAX_DATA_BYTES} bytes as JSON")
+    event.checked = True
+    return event
+
+
+def _check_envelope(event: Event) -> None:
+    """The limits on everything but ``data``."""
     session, event_id, event_type, agent = event.session, event.id, event.type, event.agent
     if not (  # the usual case in one pass; anything else gets the detailed checks and their message
         type(session) is str
@@ -266,13 +278,6 @@ def check_event(event: Event) -> Event:
     for name, number in (("epoch", event.epoch), ("seq", event.seq)):
         if number is not None and (type(number) is not int or not 1 <= number <= MAX_EPOCH):
             raise InvalidEvent(f"'{name}' must be a whole number from 1 to {MAX_EPOCH}")
-    if not isinstance(event.data, dict):
-        raise InvalidEvent("'data' must be an object")
-    if _check_value(event.data, 0) > MAX_DATA_BYTES:  # measured only when it might be too big
-        if len(orjson.dumps(event.data)) > MAX_DATA_BYTES:
-            raise InvalidEvent(f"'data' is larger than {MAX_DATA_BYTES} bytes as JSON")
-    event.checked = True
-    return event
 
 
 def ensure_checked(event: Event) -> Event:
@@ -640,11 +645,230 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
 _WIRE_FIELDS = frozenset({"id", "session", "seq", "type", "at", "agent", "epoch", "data"})
 
 
-def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
-    """The usual event (plain types, a known type or an extension, an RFC 3339 ``at``) read in plain
-    Python, several times faster than the discriminated union. None sends anything unusual (lax
-    coercions, missing or extra fields, invalid data) to the union, which gives the same result for
-    what it accepts and the error messages for what it refuses."""
+# -- The fast reader's view of the data models -------------------------------------------------
+# Each model's fields as plain checks, for values exactly as JSON gives them (str, int, float, bool,
+# None, list, dict); a value that passes is what the model would validate and dump unchanged. Only
+# top-level ``None`` changes anything (the dump drops it), plus the ``modality`` default. A test holds
+# this table to the models' fields, and the property test holds the reader to the union.
+
+
+class _Unusual(Exception):
+    """The fast reader met something only the union decides (a coercion, a fault, a foreign type)."""
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
+def _is_any(value: Any) -> bool:
+    return True
+
+
+def _nullable(check: Any) -> Any:
+    return lambda value: value is None or check(value)
+
+
+def _one_of(*choices: str) -> Any:
+    allowed = frozenset(choices)
+    return lambda value: type(value) is str and value in allowed
+
+
+def _int_from(low: int) -> Any:
+    return lambda value: type(value) is int and value >= low
+
+
+def _str_list(value: Any) -> bool:
+    return type(value) is list and all(type(item) is str for item in value)
+
+
+def _arguments(value: Any) -> bool:
+    """``dict[str, Any] | str`` where a non-blank string must be JSON (``ToolCallData``)."""
+    if type(value) is dict:
+        return True
+    if type(value) is not str:
+        return False
+    if value.strip():
+        try:
+            orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return False
+    return True
+
+
+_OPT_STR = _nullable(_is_str)
+
+
+@dataclass(frozen=True, slots=True)
+class _DataSpec:
+    """One data model as the fast reader checks it: every field (wire name) with its check, the
+    required ones, and the defaults the dump adds."""
+
+    checks: dict[str, Any]
+    required: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+
+_REPLY = _DataSpec({"reply": _is_str}, ("reply",))
+_REASON = _DataSpec({"reason": _OPT_STR}, ())
+_DATA_SPECS: dict[str, _DataSpec] = {
+    "session.started": _DataSpec(
+        {
+            "agent": _is_str,
+            "instructions": _OPT_STR,
+            "modality": _one_of("voice", "text"),
+            "tenant": _OPT_STR,
+            "framework": _OPT_STR,
+            "metadata": _nullable(lambda value: type(value) is dict),
+        },
+        ("agent",),
+        (("modality", "voice"),),
+    ),
+    "session.ended": _REASON,
+    "session.dropped": _REASON,
+    "session.resumed": _DataSpec(
+        {"agent": _is_str, "epoch": _int_from(1), "from_seq": _int_from(0)}, ("agent", "epoch", "from_seq")
+    ),
+    "session.redacted": _DataSpec({"kinds": _str_list, "spans": _int_from(0)}, ("kinds", "spans")),
+    "agent.handoff": _DataSpec(
+        {"from": _is_str, "to": _is_str, "instructions": _OPT_STR, "reason": _OPT_STR}, ("from", "to")
+    ),
+    "agent.instructions": _DataSpec({"text": _is_str}, ("text",)),
+    "user.speech.started": _DataSpec({"source": _nullable(_one_of("vad", "api"))}, ()),
+    "user.speech.stopped": _DataSpec({}, ()),
+    "user.transcript": _DataSpec({"text": _is_str, "final": _is_bool}, ("text", "final")),
+    "user.text": _DataSpec({"text": _is_str}, ("text",)),
+    "agent.reply.started": _REPLY,
+    "agent.text": _DataSpec({"reply": _is_str, "text": _is_str}, ("reply", "text")),
+    "agent.reply.done": _REPLY,
+    "agent.speech.started": _REPLY,
+    "agent.speech.progress": _DataSpec({"reply": _is_str, "heard": _is_str}, ("reply", "heard")),
+    "agent.speech.ended": _DataSpec(
+        {"reply": _is_str, "interrupted": _is_bool, "heard": _OPT_STR}, ("reply", "interrupted")
+    ),
+    "interruption": _DataSpec({"reply": _OPT_STR, "cause": _OPT_STR, "heard": _OPT_STR}, ()),
+    "tool.call": _DataSpec(
+        {"call": _is_str, "name": _is_str, "arguments": _arguments, "reply": _OPT_STR}, ("call", "name", "arguments")
+    ),
+    "tool.started": _DataSpec({"call": _is_str}, ("call",)),
+    "tool.progress": _DataSpec({"call": _is_str, "state": _is_any, "message": _OPT_STR}, ("call", "state")),
+    "tool.result": _DataSpec({"call": _is_str, "output": _is_any, "error": _nullable(_is_bool)}, ("call", "output")),
+    "tool.cancelled": _DataSpec(
+        {"call": _is_str, "reason": _is_str, "outcome": _nullable(_one_of("not_run", "unknown"))}, ("call", "reason")
+    ),
+}
+
+
+def _plain_size(value: Any, depth: int) -> int:
+    """:func:`_check_value` for the fast reader: exact JSON types only, no fault; anything else raises
+    :class:`_Unusual` (the union and :func:`check_event` then decide, with their messages)."""
+    kind = type(value)
+    if kind is str:
+        if ("\x00" in value or not value.isascii()) and _text_fault(value) is not None:
+            raise _Unusual
+        return 6 * len(value) + 2
+    if kind is dict:
+        if depth >= MAX_DEPTH:
+            raise _Unusual
+        size = 2
+        for key, item in value.items():
+            if type(key) is not str or (("\x00" in key or not key.isascii()) and _text_fault(key) is not None):
+                raise _Unusual
+            size += 6 * len(key) + 4 + _plain_size(item, depth + 1)
+        return size
+    if kind is bool or value is None:
+        return 5
+    if kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _Unusual
+        return 20
+    if kind is float:
+        if value != value or value in (_INF, -_INF):
+            raise _Unusual
+        return 24
+    if kind is list:
+        if depth >= MAX_DEPTH:
+            raise _Unusual
+        size = 2
+        for item in value:
+            size += 1 + _plain_size(item, depth + 1)
+        return size
+    raise _Unusual
+
+
+_TRUSTED_LINE = MAX_DATA_BYTES // 8
+"""A line up to this long cannot hold ``data`` over the limit (a number re-encodes at most 8 times longer)."""
+
+
+def _plain_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[str, Any]:
+    """``data`` as its model would validate and dump it, or :class:`_Unusual`.
+
+    ``trusted``: read by orjson from a line of at most :data:`_TRUSTED_LINE` bytes without a ``\\u0000``
+    escape, so every string is valid Unicode without NUL, every number finite and the size within the
+    limit; only nested values and integers are walked."""
+    spec = _DATA_SPECS.get(event_type)
+    if spec is not None:
+        for name in spec.required:
+            if name not in data:
+                raise _Unusual
+        checks = spec.checks
+    out = {}
+    for key, value in data.items():
+        if spec is not None:
+            check = checks.get(key)
+            if check is not None and not check(value):
+                raise _Unusual
+            if value is None:  # the dump leaves out None, declared or extra (an extension keeps it)
+                continue
+        out[key] = value
+        if trusted:
+            kind = type(value)
+            if kind is dict or kind is list:
+                _plain_size(value, 1)
+            elif kind is int and not _INT_MIN <= value <= _INT_MAX:
+                raise _Unusual
+    if spec is not None:
+        for key, default in spec.defaults:
+            if key not in out:
+                out[key] = default
+    if not trusted and _plain_size(out, 0) > MAX_DATA_BYTES and len(orjson.dumps(out)) > MAX_DATA_BYTES:
+        raise _Unusual
+    return out
+
+
+_SECONDS: dict[str, int] = {}
+"""``YYYY-MM-DDTHH:MM:SS`` → its epoch milliseconds, for :func:`_wire_ms` (cleared when large)."""
+
+
+def _wire_ms(at: str) -> int:
+    """An RFC 3339 time as epoch milliseconds; the form calltape writes (``…T09:30:00.000Z``) is read
+    in place, its second looked up in a cache. Raises ``ValueError`` as :func:`to_datetime` does."""
+    if len(at) == 24 and at[23] == "Z" and at[19] == "." and at[4] == at[7] == "-" and at[13] == at[16] == ":":
+        milli = at[20:23]
+        if milli.isascii() and milli.isdigit():
+            second = at[:19]
+            base = _SECONDS.get(second)
+            if base is None:
+                base = datetime_ms(to_datetime(second + "+00:00"))
+                if len(_SECONDS) >= 8192:
+                    _SECONDS.clear()
+                _SECONDS[second] = base
+            return base + int(milli)
+    return datetime_ms(to_datetime(at))
+
+
+def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -> Event | None:
+    """The usual event (plain JSON types, a known type or an extension, an RFC 3339 ``at``) read
+    and checked in plain Python, many times faster than the discriminated union. None sends anything
+    unusual (lax coercions, missing or extra fields, invalid data, anything over a limit) to the union
+    and :func:`check_event`, which give the same result for what they accept and the error messages
+    for what they refuse. The event returned has passed :func:`check_event`. ``trusted``: see
+    :func:`_plain_data`."""
+    if type(event_type) is not str or (event_type not in _DATA_SPECS and not is_extension(event_type)):
+        return None
     if not _WIRE_FIELDS.issuperset(obj):
         return None
     session, event_id, data = obj.get("session"), obj.get("id"), obj.get("data")
@@ -665,18 +889,14 @@ def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
         if type(at) is not str:
             return None
         try:
-            at_ms = datetime_ms(to_datetime(at))
+            at_ms = _wire_ms(at)
         except ValueError:
             return None
-    model = DATA_MODELS.get(event_type)
-    if model is None:
-        data = dict(data)
-    else:
-        try:
-            data = _dump_data(model.model_validate(data))
-        except ValidationError:
-            return None
-    return Event(
+    try:
+        data = _plain_data(event_type, data, trusted)
+    except _Unusual:
+        return None
+    event = Event(
         type=event_type,
         data=data,
         session=session,
@@ -685,7 +905,25 @@ def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
         agent=agent,
         epoch=epoch,
         seq=seq,
+        checked=True,
     )
+    if trusted:  # valid Unicode without NUL: only the lengths and the integers' range are left
+        if (
+            len(session) > MAX_ID_CHARS
+            or len(event.id) > MAX_ID_CHARS
+            or len(event_type) > MAX_TYPE_CHARS
+            or (agent is not None and len(agent) > MAX_ID_CHARS)
+            or (seq is not None and seq > MAX_EPOCH)
+            or (epoch is not None and epoch > MAX_EPOCH)
+            or not MIN_AT_MS <= at_ms <= MAX_AT_MS
+        ):
+            return None
+        return event
+    try:
+        _check_envelope(event)
+    except InvalidEvent:
+        return None
+    return event
 
 
 def parse_event(obj: Any) -> Event:
@@ -699,6 +937,10 @@ def parse_event(obj: Any) -> Event:
             obj = orjson.loads(obj)
         except orjson.JSONDecodeError as exc:
             raise InvalidEvent(f"not valid JSON ({exc.args[0].split(':')[0]})") from None
+    if type(obj) is dict:
+        event = _parse_common(obj, obj.get("type"))
+        if event is not None:
+            return event
     if not isinstance(obj, Mapping):
         raise InvalidEvent("an event must be a JSON object")
     event_type = obj.get("type")
@@ -706,8 +948,17 @@ def parse_event(obj: Any) -> Event:
         raise InvalidEvent("'type' is missing" if event_type is None else "'type' must be a string")
     if _discriminate(obj) is None:
         raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
-    event = _parse_common(obj, event_type) if type(obj) is dict else None
-    return check_event(event if event is not None else _parse_union(obj, event_type))
+    return check_event(_parse_union(obj, event_type))
+
+
+def parse_read(obj: Any, line: bytes) -> Event:
+    """:func:`parse_event` for ``obj`` just read by ``orjson.loads(line)`` (the import's reader): the
+    line's bytes vouch for its text (see :func:`_plain_data`), so the usual event skips most checks."""
+    if type(obj) is dict:
+        event = _parse_common(obj, obj.get("type"), len(line) <= _TRUSTED_LINE and b"\\u0000" not in line)
+        if event is not None:
+            return event
+    return parse_event(obj)
 
 
 def _parse_union(obj: Mapping[str, Any], event_type: str) -> Event:

@@ -1,19 +1,29 @@
 """``parse_event`` reads the usual event in plain Python and sends the rest to the pydantic union.
 
 The fast reader must never change what is accepted or what it becomes: on every generated wire
-object, valid or not, both paths agree (the same event, or both refuse).
+object, valid or not, both paths agree (the same event, or both refuse). The import's reader
+(``parse_read``, which trusts the text of a line orjson has just read) is held to the same.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calltape.errors import InvalidEvent
-from calltape.events import _parse_common, _parse_union, check_event, parse_event
+from calltape.events import (
+    _DATA_SPECS,
+    DATA_MODELS,
+    _parse_common,
+    _parse_union,
+    check_event,
+    parse_event,
+    parse_read,
+)
 
 SAMPLES: list[tuple[str, dict[str, Any]]] = [
     ("session.started", {"agent": "triage", "instructions": "Be brief.", "modality": "text"}),
@@ -30,6 +40,23 @@ SAMPLES: list[tuple[str, dict[str, Any]]] = [
     ("agent.handoff", {"from": "a", "to": "b"}),
     ("x.custom", {"anything": [1, {"deep": "yes"}]}),
     ("x.custom", {}),
+    ("x.custom", {"gone": None, "big": 2**63, "nul": "a\x00b"}),
+    ("session.ended", {"reason": "hangup"}),
+    ("session.dropped", {"reason": None}),
+    ("session.resumed", {"agent": "triage", "epoch": 2, "from_seq": 0}),
+    ("session.redacted", {"kinds": ["card", "email"], "spans": 3}),
+    ("agent.instructions", {"text": "Be brief."}),
+    ("user.speech.stopped", {}),
+    ("user.text", {"text": "héllo \u2603"}),
+    ("agent.reply.done", {"reply": "r1"}),
+    ("agent.speech.started", {"reply": "r1"}),
+    ("agent.speech.ended", {"reply": "r1", "interrupted": True, "heard": "One"}),
+    ("tool.call", {"call": "c2", "name": "look", "arguments": '{"q": 1}'}),
+    ("tool.call", {"call": "c3", "name": "look", "arguments": " "}),
+    ("tool.started", {"call": "c1"}),
+    ("tool.progress", {"call": "c1", "state": None, "message": "half way"}),
+    ("tool.result", {"call": "c1", "output": [{"a": None}, 2**63 - 1, -(2**63)], "error": False}),
+    ("tool.cancelled", {"call": "c1", "reason": "barge-in", "outcome": "not_run"}),
 ]
 
 ODD = st.one_of(
@@ -40,6 +67,8 @@ ODD = st.one_of(
     st.sampled_from(["", "5", "r1", "2025-01-31T09:30:00.000Z", " 2025-01-31T09:30:00Z ", "2025-01-31", "nope"]),
     st.lists(st.integers(), max_size=2),
     st.dictionaries(st.sampled_from(["a", "text"]), st.integers(), max_size=2),
+    st.sampled_from(["vad", "voice", "not_run", "{}", "{bad", "a\x00b", 2**63, 2**64 - 1, [["deep"]]]),
+    st.lists(st.sampled_from(["card", 1, None]), max_size=2),
 )
 TIMES = st.sampled_from(
     [
@@ -84,9 +113,13 @@ def wire_objects(draw: st.DrawFn) -> dict[str, Any]:
     return obj
 
 
-def _outcome(parse: Any, obj: dict[str, Any]) -> Any:
+def _outcome(parse: Any, obj: dict[str, Any], *, checked: bool = False) -> Any:
+    """What ``parse`` makes of ``obj``; ``checked``: it must return events that passed ``check_event``
+    itself (the import's reader: the store writes them without another look)."""
     try:
-        event = check_event(parse(obj))
+        event = parse(obj)
+        assert event.checked or not checked
+        event = check_event(event) if not checked else event
     except InvalidEvent:
         return "refused"
     return (
@@ -111,8 +144,63 @@ def test_the_fast_reader_agrees_with_the_union_on_every_object(obj: dict[str, An
     assert _outcome(_fast_or_union, obj) == _outcome(lambda o: _parse_union(o, o["type"]), obj)
 
 
-@pytest.mark.parametrize(("event_type", "data"), SAMPLES)
+def _line(obj: dict[str, Any]) -> bytes | None:
+    """``obj`` as one JSONL line, or None when JSON cannot carry it."""
+    try:
+        return orjson.dumps(obj)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(wire_objects())
+def test_the_import_reader_agrees_with_the_union_on_every_line(obj: dict[str, Any]) -> None:
+    line = _line(obj)
+    if line is None:
+        return
+    try:
+        read = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return  # orjson writes a lone surrogate it cannot read back: the import reports the line
+    expected = _outcome(lambda o: _parse_union(o, o["type"]), read)
+    assert _outcome(lambda o: parse_read(o, line), read, checked=True) == expected
+
+
+@pytest.mark.parametrize(("event_type", "data"), [s for s in SAMPLES if s[0] != "x.custom" or "nul" not in s[1]])
 def test_the_usual_events_take_the_fast_reader(event_type: str, data: dict[str, Any]) -> None:
     obj = {"type": event_type, "session": "s", "id": "e", "at": "2025-01-31T09:30:00.000Z", "data": data}
     assert _parse_common(obj, event_type) is not None
     assert parse_event(obj) == _parse_union(obj, event_type)
+    line = orjson.dumps(obj)
+    assert _parse_common(orjson.loads(line), event_type, trusted=b"\\u0000" not in line) is not None
+
+
+def test_the_fast_readers_table_matches_the_models() -> None:
+    # every data model's fields, by their wire names, with the same required ones: a field added to a
+    # model and not to the table would otherwise be checked by nobody on the fast path
+    assert set(_DATA_SPECS) == set(DATA_MODELS)
+    for event_type, model in DATA_MODELS.items():
+        spec = _DATA_SPECS[event_type]
+        fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+        assert set(spec.checks) == set(fields), event_type
+        assert set(spec.required) == {name for name, f in fields.items() if f.is_required()}, event_type
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        (b'{"session":"s","type":"user.text","data":{"text":"a\\u0000b"}}', "NUL"),
+        (b'{"session":"s","type":"x.n","data":{"v":[18446744073709551615]}}', "64 bits"),
+        (b'{"session":"s","type":"x.n","data":{"v":9223372036854775808}}', "64 bits"),
+        (b'{"session":"s","type":"x.n","data":{"v":' + b"[" * 70 + b"]" * 70 + b"}}", "nested deeper"),
+        (b'{"session":"s","type":"user.text","epoch":2147483648,"data":{"text":"x"}}', "'epoch'"),
+        (b'{"session":"' + b"s" * 300 + b'","type":"user.text","data":{"text":"x"}}', "'session'"),
+        (b'{"session":"s","type":"user.text","at":"2025-02-30T10:00:00.000Z","data":{"text":"x"}}', "RFC 3339"),
+    ],
+)
+def test_the_import_reader_refuses_with_the_usual_sentence(line: bytes, fragment: str) -> None:
+    with pytest.raises(InvalidEvent) as refused:
+        parse_read(orjson.loads(line), line)
+    with pytest.raises(InvalidEvent) as reference:
+        parse_event(line)
+    assert fragment in str(refused.value) and str(refused.value) == str(reference.value)
