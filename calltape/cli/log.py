@@ -200,7 +200,7 @@ class _Parser:
         self.occurrences: dict[bytes, int] = {}
 
     def parse(self, line: bytes) -> Event:
-        from calltape.events import parse_event
+        from calltape.events import parse_event, parse_read
 
         try:
             obj: Any = orjson.loads(line)
@@ -212,7 +212,7 @@ class _Parser:
             n = self.occurrences.get(canonical, 0)
             self.occurrences[canonical] = n + 1
             obj["id"] = str(uuid.uuid5(_ID_NAMESPACE, f"{obj['session']}\x00{n}\x00{canonical!r}"))
-        return parse_event(obj)
+        return parse_read(obj, line)
 
 
 @dataclass(slots=True)

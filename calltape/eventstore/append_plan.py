@@ -48,6 +48,8 @@ def plan_append(
     stored: Mapping[tuple[str, str], Event],
     expected_seq: int | None = None,
     unmarked: dict[str, int] | None = None,
+    *,
+    owned: bool = False,
 ) -> AppendPlan:
     """Decides what an append writes; raises before anything is written.
 
@@ -55,44 +57,41 @@ def plan_append(
     epoch its own write last established for its session (1, raised by every ``session.resumed`` the
     write carries, stored or new), and is refused once the session's epoch is past that. The dict is
     updated as the write goes, so one import keeps it across batches. ``None`` leaves them unfenced.
+
+    ``owned``: the events belong to the append (an import's freshly parsed lines), so a new event gets
+    its ``seq`` and agent in place instead of as a copy.
     """
     for event in events:
         if not event.checked:
             ensure_checked(event)  # the store never writes an event that did not pass the boundary
-    sessions = {e.session for e in events}
-    if expected_seq is not None and len(sessions) > 1:
-        raise InvalidEvent("expected_seq needs a batch of one session")
-    seen: dict[tuple[str, str], Event] = {}
-    fresh: list[bool] = []
-    for event in events:
-        key = (event.session, event.id)
-        is_new = key not in stored and key not in seen
-        fresh.append(is_new)
-        if is_new:
-            seen[key] = event
-    if expected_seq is not None and any(fresh):
-        # Checked before any rule: a writer that lost the race must hear "conflict", not a rule
-        # failure caused by the events that beat it.
-        (session,) = sessions
-        actual = rows[session].last_seq
-        if actual != expected_seq:
-            raise ConcurrencyConflict(session, expected_seq, actual)
+    if expected_seq is not None:
+        sessions = {e.session for e in events}
+        if len(sessions) > 1:
+            raise InvalidEvent("expected_seq needs a batch of one session")
+        if any((e.session, e.id) not in stored for e in events):
+            # Checked before any rule: a writer that lost the race must hear "conflict", not a rule
+            # failure caused by the events that beat it.
+            (session,) = sessions
+            actual = rows[session].last_seq
+            if actual != expected_seq:
+                raise ConcurrencyConflict(session, expected_seq, actual)
     changed: dict[str, SessionInfo] = {}
     admitted: dict[tuple[str, str], Event] = {}
     results: list[Event] = []
     inserts: list[Event] = []
-    for event, is_new in zip(events, fresh, strict=True):
+    for event in events:
         key = (event.session, event.id)
-        if not is_new:
-            results.append(stored.get(key) or admitted[key])
+        known = stored.get(key) or admitted.get(key)
+        if known is not None:  # a duplicate: the stored (or earlier) event stands
+            results.append(known)
             if unmarked is not None and event.type == "session.resumed":
-                _raise_implied(unmarked, results[-1])
+                _raise_implied(unmarked, known)
             continue
         row = changed.get(event.session)
         if row is None:
             row = changed[event.session] = replace(rows[event.session])
         implied = unmarked.get(event.session, 1) if unmarked is not None else None
-        new = _admit(event, row, implied)
+        new = _admit(event, row, implied, owned)
         if unmarked is not None and event.type == "session.resumed":
             _raise_implied(unmarked, new)
         admitted[key] = new
@@ -108,10 +107,15 @@ def _raise_implied(unmarked: dict[str, int], resumed: Event) -> None:
         unmarked[resumed.session] = max(unmarked.get(resumed.session, 1), epoch)
 
 
-def _admit(event: Event, row: SessionInfo, implied: int | None = None) -> Event:
+_RULED = frozenset({"session.started", "session.resumed", "agent.handoff", "session.ended", "session.dropped"})
+"""The types that change a session's summary beyond its seq and times."""
+
+
+def _admit(event: Event, row: SessionInfo, implied: int | None = None, owned: bool = False) -> Event:
     """Checks one new event against its session and advances the session summary.
 
-    ``implied`` is the epoch an event without one is judged by (``None``: such an event is not fenced).
+    ``implied`` is the epoch an event without one is judged by (``None``: such an event is not fenced);
+    ``owned``: the event itself gets its seq and agent (see :func:`plan_append`).
     """
     held = event.epoch if event.epoch is not None else implied
     if held is not None and held < row.epoch:
@@ -119,7 +123,9 @@ def _admit(event: Event, row: SessionInfo, implied: int | None = None) -> Event:
     data = event.data
     agent = event.agent if event.agent is not None else row.agent
     kind = event.type
-    if kind == "session.started":
+    if kind not in _RULED:
+        pass
+    elif kind == "session.started":
         if row.started:
             raise InvalidEvent(f"session '{row.session}' has already started")
         row.started = True
@@ -149,6 +155,10 @@ def _admit(event: Event, row: SessionInfo, implied: int | None = None) -> Event:
         row.first_at_ms = event.at_ms
     if row.last_at_ms is None or event.at_ms > row.last_at_ms:
         row.last_at_ms = event.at_ms
+    if owned:
+        event.agent = agent
+        event.seq = row.last_seq
+        return event
     return Event(
         type=kind,
         data=data,

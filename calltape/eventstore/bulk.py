@@ -35,6 +35,7 @@ from calltape.eventstore.sqlite import SqliteDb, SqliteWriter
 from calltape.eventstore.store import EventStore
 from calltape.eventstore.tenancy import admit
 from calltape.eventstore.writer import AppendWriter
+from calltape.redaction import Redactor
 
 SQLITE_LOCK_WAIT = 600.0
 """Seconds an SQLite import waits for the write lock held by another import or writer."""
@@ -66,9 +67,12 @@ class ImportCounts:
 class BulkImport:
     """One open import transaction; :meth:`add` batches, then leave the block to commit."""
 
-    def __init__(self, writer: AppendWriter, *, allow_after_resume: bool = False) -> None:
+    def __init__(
+        self, writer: AppendWriter, *, allow_after_resume: bool = False, redactor: Redactor | None = None
+    ) -> None:
         self.counts = ImportCounts()
         self._writer = writer
+        self._redactor = redactor
         self._rows: dict[str, SessionInfo] = {}
         self._changed: dict[str, SessionInfo] = {}
         # An imported event without an epoch holds the epoch its own file established for its session
@@ -79,10 +83,14 @@ class BulkImport:
     async def add(self, events: Sequence[Event]) -> int:
         """Appends ``events`` inside the import transaction; returns how many were new.
 
-        Raises :class:`ImportRefused` (naming the event) when the append rules refuse one; the
-        import must then be abandoned (raise out of the block)."""
+        The events become the import's: each new one gets its ``seq`` in place. Raises
+        :class:`ImportRefused` (naming the event by its index in ``events``) when the append rules
+        refuse one; the import must then be abandoned (raise out of the block)."""
         if not events:
             return 0
+        given = events
+        if self._redactor is not None:  # redaction on write covers imports too (SPEC: the raw value never lands)
+            events = self._redactor.events(events)
         events = admit(events, self._writer.tenant)
         batch_sessions = {e.session for e in events}
         self.counts.sessions.update(batch_sessions)
@@ -92,9 +100,11 @@ class BulkImport:
         stored = await self._writer.lookup(events, self._rows)
         unmarked_before = dict(self._unmarked) if self._unmarked is not None else None
         try:
-            plan = plan_append(events, self._rows, stored, unmarked=self._unmarked)
+            plan = plan_append(events, self._rows, stored, unmarked=self._unmarked, owned=True)
         except CalltapeError as exc:
-            raise ImportRefused(self._culprit(events, stored, unmarked_before), exc) from None
+            culprit = events[self._culprit(events, stored, unmarked_before)]
+            index = next(i for i, e in enumerate(given) if (e.session, e.id) == (culprit.session, culprit.id))
+            raise ImportRefused(index, exc) from None
         if plan.inserts:
             await self._writer.insert(plan.inserts)
         self._rows.update(plan.rows)
@@ -110,7 +120,7 @@ class BulkImport:
         rows = dict(self._rows)
         for index, event in enumerate(events):
             try:
-                plan = plan_append([event], rows, stored, unmarked=unmarked)
+                plan = plan_append([event], rows, stored, unmarked=unmarked, owned=True)
             except CalltapeError:
                 return index
             rows.update(plan.rows)
@@ -162,7 +172,7 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
                     await asyncio.sleep(0.1)
             try:
                 writer = SqliteWriter(SqliteDb(conn), store.tenant)
-                sqlite_import = BulkImport(writer, allow_after_resume=allow_after_resume)
+                sqlite_import = BulkImport(writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 try:
                     yield sqlite_import
                     await sqlite_import.finish()
@@ -180,7 +190,7 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
         try:
             async with driver.transaction():
                 pg_writer = PgWriter(driver, tenant=store.tenant, copy_in=_copy_in(store))
-                pg_import = BulkImport(pg_writer, allow_after_resume=allow_after_resume)
+                pg_import = BulkImport(pg_writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 yield pg_import
                 await pg_import.finish()
         except BaseException:

@@ -15,6 +15,7 @@ from sqlalchemy import text as sql
 
 from calltape.events import make_event
 from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.bulk import bulk_import
 from calltape.eventstore.recorder import Recorder
 from calltape.eventstore.redact_stored import redact_session
 from calltape.projections import build_context, render
@@ -88,6 +89,18 @@ async def test_store_level_redaction_covers_direct_appends_and_imports(store_url
             ]
         )
         assert not leaks(await raw_rows(store, session_id)) and "a@b.io" not in await raw_rows(store, session_id)
+        imported = f"{session_id}-imported"
+        async with bulk_import(store) as imp:  # what `calltape import` writes through
+            await imp.add(
+                [
+                    started(imported),
+                    make_event(imported, "user.text", {"text": "card four two four two"}),
+                    make_event(imported, "user.text", {"text": "four two four two four two four two"}),
+                    make_event(imported, "user.text", {"text": f"mail a@b.io, card {CARD}"}),
+                ]
+            )
+        stored = await raw_rows(store, imported)
+        assert stored.count("\n") == 3 and not leaks(stored) and "a@b.io" not in stored, stored
     finally:
         await store.close()
 
