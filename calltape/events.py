@@ -185,10 +185,11 @@ _BASES: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def _check_value(value: Any, depth: int) -> int:
+def _check_value(value: Any, depth: int, strict: bool = False) -> int:
     """Walks ``data`` and returns a bound on its JSON size (a character takes at most six bytes, an
     escape). A message names where, never what: content stays out of errors. The common types are
-    tested first and no message is built unless there is a fault: this runs for every event."""
+    tested first and no message is built unless there is a fault: this runs for every event.
+    ``strict`` (the fast reader) refuses anything but the exact JSON types (a tuple, a subclass)."""
     kind = type(value)
     if kind is str:
         if "\x00" in value or not value.isascii():
@@ -207,7 +208,7 @@ def _check_value(value: Any, depth: int) -> int:
                 fault = _text_fault(key)
                 if fault is not None:
                     raise InvalidEvent(f"a key in 'data' {fault}")
-            size += 6 * len(key) + 4 + _check_value(item, depth + 1)
+            size += 6 * len(key) + 4 + _check_value(item, depth + 1, strict)
         return size
     if kind is bool or value is None:
         return 5
@@ -219,14 +220,14 @@ def _check_value(value: Any, depth: int) -> int:
         if value != value or value in (_INF, -_INF):
             raise InvalidEvent("a number in 'data' is not finite")
         return 24
-    if kind is list or kind is tuple:
+    if kind is list or (kind is tuple and not strict):
         if depth >= MAX_DEPTH:
             raise InvalidEvent(f"'data' is nested deeper than {MAX_DEPTH} levels")
         size = 2
         for item in value:
-            size += 1 + _check_value(item, depth + 1)
+            size += 1 + _check_value(item, depth + 1, strict)
         return size
-    for base, convert in _BASES:  # subclasses (a str enum, a Mapping): walked as their base type
+    for base, convert in () if strict else _BASES:  # subclasses (a str enum, a Mapping): as their base type
         if isinstance(value, base):
             return _check_value(convert(value), depth)
     raise InvalidEvent(f"'data' holds a {kind.__name__}, which is not a JSON value")
@@ -762,49 +763,12 @@ _DATA_SPECS: dict[str, _DataSpec] = {
 }
 
 
-def _plain_size(value: Any, depth: int) -> int:
-    """:func:`_check_value` for the fast reader: exact JSON types only, no fault; anything else raises
-    :class:`_Unusual` (the union and :func:`check_event` then decide, with their messages)."""
-    kind = type(value)
-    if kind is str:
-        if ("\x00" in value or not value.isascii()) and _text_fault(value) is not None:
-            raise _Unusual
-        return 6 * len(value) + 2
-    if kind is dict:
-        if depth >= MAX_DEPTH:
-            raise _Unusual
-        size = 2
-        for key, item in value.items():
-            if type(key) is not str or (("\x00" in key or not key.isascii()) and _text_fault(key) is not None):
-                raise _Unusual
-            size += 6 * len(key) + 4 + _plain_size(item, depth + 1)
-        return size
-    if kind is bool or value is None:
-        return 5
-    if kind is int:
-        if not _INT_MIN <= value <= _INT_MAX:
-            raise _Unusual
-        return 20
-    if kind is float:
-        if value != value or value in (_INF, -_INF):
-            raise _Unusual
-        return 24
-    if kind is list:
-        if depth >= MAX_DEPTH:
-            raise _Unusual
-        size = 2
-        for item in value:
-            size += 1 + _plain_size(item, depth + 1)
-        return size
-    raise _Unusual
-
-
 _TRUSTED_LINE = MAX_DATA_BYTES // 8
 """A line up to this long cannot hold ``data`` over the limit (a number re-encodes at most 8 times longer)."""
 
 
 def _plain_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[str, Any]:
-    """``data`` as its model would validate and dump it, or :class:`_Unusual`.
+    """``data`` as its model would validate and dump it; raises :class:`_Unusual` or ``InvalidEvent``.
 
     ``trusted``: read by orjson from a line of at most :data:`_TRUSTED_LINE` bytes without a ``\\u0000``
     escape, so every string is valid Unicode without NUL, every number finite and the size within the
@@ -827,14 +791,14 @@ def _plain_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[st
         if trusted:
             kind = type(value)
             if kind is dict or kind is list:
-                _plain_size(value, 1)
+                _check_value(value, 1, True)
             elif kind is int and not _INT_MIN <= value <= _INT_MAX:
                 raise _Unusual
     if spec is not None:
         for key, default in spec.defaults:
             if key not in out:
                 out[key] = default
-    if not trusted and _plain_size(out, 0) > MAX_DATA_BYTES and len(orjson.dumps(out)) > MAX_DATA_BYTES:
+    if not trusted and _check_value(out, 0, True) > MAX_DATA_BYTES and len(orjson.dumps(out)) > MAX_DATA_BYTES:
         raise _Unusual
     return out
 
@@ -894,7 +858,7 @@ def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -
             return None
     try:
         data = _plain_data(event_type, data, trusted)
-    except _Unusual:
+    except (_Unusual, InvalidEvent):
         return None
     event = Event(
         type=event_type,
