@@ -14,6 +14,7 @@ no-op too, where a random id would duplicate every event.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import io
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from calltape.eventstore.bulk import ImportRefused
 
 BATCH = 5000
+OVERLAP_SLICE = 500
+"""Lines read between two yields to the event loop while a PostgreSQL write is in flight."""
 QUICK_CHUNK = 5000
 MAX_REPORTED = 20
 _ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
@@ -246,13 +249,18 @@ class _Problems:
         )
 
 
-def _batches(sources: list[_Source], size: int, problems: _Problems) -> Iterator[_Batch]:
+def _batches(
+    sources: list[_Source], size: int, problems: _Problems, slice_lines: int | None = None
+) -> Iterator[_Batch | None]:
     """Parsed events in batches; invalid lines go to ``problems`` (after the first, no more batches
-    are yielded with events, but every line is still checked so that all of them are reported)."""
+    are yielded with events, but every line is still checked so that all of them are reported).
+    ``slice_lines``: also yield None after every that many lines (the caller's moment to yield)."""
     parser = _Parser()
     batch = _Batch([], [])
     for source in sources:
         for lineno, raw in source.lines():
+            if slice_lines is not None and lineno % slice_lines == 0:
+                yield None
             line = raw.strip()
             if not line:
                 continue
@@ -373,22 +381,49 @@ def import_events(
             if stored is not None:
                 return 0, stored[0], stored[1]
             lines = 0
+            # PostgreSQL works in its own process: while it stores one batch, this one reads the next
+            # (one batch in flight; the read yields to the loop every slice so the write goes on).
+            # SQLite's writes run in a thread of this process that needs the GIL for every row, so
+            # there they stay one after the other.
+            overlap = store.dialect == "postgresql"
+            in_flight: tuple[asyncio.Future[int], _Batch] | None = None
+
+            async def settle() -> None:
+                nonlocal in_flight, lines
+                if in_flight is None:
+                    return
+                task, part = in_flight
+                in_flight = None
+                try:
+                    await task
+                except ImportRefused as exc:
+                    source, lineno = part.lines[exc.index]
+                    raise CliError(
+                        f"{source.name}:{lineno}: {_refusal(exc, part.events[exc.index])}; nothing was imported"
+                    ) from None
+                lines += len(part.events)
+                if bar.shown:
+                    bar.update(
+                        completed=sum(s.consumed for s in sources) if known_size else None,
+                        note=f"{lines:,} events",
+                    )
+
             with meter("importing", total_bytes) as bar:
                 async with bulk_import(store, allow_after_resume=allow_after_resume) as imp:
-                    for part in _batches(sources, batch, problems):
-                        try:
-                            await imp.add(part.events)
-                        except ImportRefused as exc:
-                            source, lineno = part.lines[exc.index]
-                            raise CliError(
-                                f"{source.name}:{lineno}: {_refusal(exc, part.events[exc.index])}; nothing was imported"
-                            ) from None
-                        lines += len(part.events)
-                        if bar.shown:
-                            bar.update(
-                                completed=sum(s.consumed for s in sources) if known_size else None,
-                                note=f"{lines:,} events",
-                            )
+                    try:
+                        for part in _batches(sources, batch, problems, OVERLAP_SLICE if overlap else None):
+                            if part is None:
+                                await asyncio.sleep(0)  # a slice read: let the write in flight go on
+                                continue
+                            await settle()
+                            in_flight = asyncio.ensure_future(imp.add(part.events)), part
+                            if not overlap:
+                                await settle()
+                        await settle()
+                    finally:
+                        if in_flight is not None:  # leaving on an error: the write ends before the rollback
+                            with contextlib.suppress(Exception):
+                                await in_flight[0]
                     if problems.count:
                         raise problems.fail()  # leaves the transaction: everything is rolled back
                     counts = imp.counts
