@@ -25,7 +25,7 @@ from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
-from calltape.eventstore.tenancy import NOTIFY_TENANTS, admit, channel, tenant_settings
+from calltape.eventstore.tenancy import CHANNEL, ERASED, NOTIFY_TENANTS, admit, channel, tenant_settings
 from calltape.eventstore.writer import AppendWriter, Key
 
 
@@ -229,18 +229,47 @@ class PostgresEventStore(SqlEventStore):
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url, self.tenant)
 
+    async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
+        # Delivered at commit to every LISTENing subscription that could hold the session's events.
+        assert isinstance(db, _PgDb)
+        await db.conn.execute(_ANNOUNCE_ERASURE, CHANNEL, channel(tenant), ERASED)
+
+    async def _erased(self, sessions: set[str]) -> set[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch("SELECT session FROM ct_sessions WHERE session = ANY($1::text[])", list(sessions))
+        return sessions - {r[0] for r in rows}
+
+
+_ANNOUNCE_ERASURE = "SELECT pg_notify(c, $3) FROM (VALUES ($1::text), ($2::text)) AS channels(c)"
+
 
 class _NotifyWaiter(ChangeWaiter):
-    """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile)."""
+    """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile).
+
+    An erasure's notification (payload :data:`ERASED`) moves :meth:`erasures`; so does every moment the
+    connection is not listening, since an erasure then could go unheard."""
 
     def __init__(self, url: str, tenant: str | None = None) -> None:
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
+        self._erasures = 0
 
-    def _on_notify(self, *_: object) -> None:
+    def _on_notify(self, _conn: object, _pid: object, _channel: object, payload: object) -> None:
+        if payload == ERASED:
+            self._erasures += 1
         self._woken.set()
+
+    async def ready(self) -> None:
+        """LISTENs now, before the subscription's first read."""
+        await self._ensure()
+
+    def erasures(self) -> int:
+        """Erasures heard; while not listening, a new number every call (every event is checked)."""
+        if self._conn is None or self._conn.is_closed():
+            self._erasures += 1
+        return self._erasures
 
     async def _ensure(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

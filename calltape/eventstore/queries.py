@@ -28,7 +28,7 @@ from calltape.errors import SessionNotFound
 from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.schema import SESSION_COLUMNS, events, sessions, snapshots, tombstones
-from calltape.eventstore.store import EventStore, Tombstone
+from calltape.eventstore.store import EventStore, Tombstone, note_erasure
 from calltape.gcpause import gc_paused
 
 Builder = Callable[[str], ClauseElement]
@@ -302,7 +302,18 @@ class SqlEventStore(EventStore):
             await db.execute(_DELETE_SNAPSHOTS, session=session)
             await db.execute(_DELETE_SESSION, session=session)
             await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count, tenant=owner[0])
-            return count
+            await self._announce_erasure(db, owner[0])
+        note_erasure()  # committed: this process's subscriptions re-check what they hold
+        await self._erasure_committed()
+        return count
+
+    async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
+        """Inside the erasing transaction: tells other processes' subscriptions (PostgreSQL: NOTIFY)."""
+        return None
+
+    async def _erasure_committed(self) -> None:
+        """After the erasing transaction: tells other processes' subscriptions (SQLite: a counter file)."""
+        return None
 
     async def tombstone(self, session: str) -> Tombstone | None:
         rows = await self._fetch(_TOMBSTONE, session=session)
