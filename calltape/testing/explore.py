@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calltape.checks import CheckOptions, Violation
+from calltape.errors import Interrupted
 from calltape.events import Event
 from calltape.eventstore import EventStore
-from calltape.runtime import CallSession, Interrupted, ToolSpec
+from calltape.runtime import CallSession, ToolSpec
 
 Scenario = Callable[[CallSession], Awaitable[None]]
 """The agent under test, driving one call."""
