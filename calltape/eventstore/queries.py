@@ -269,22 +269,11 @@ class SqlEventStore(EventStore):
         rows = await self._fetch(_SESSION_INFO, session=session)
         return to_session_info(rows[0]) if rows else None
 
-    async def sessions(
-        self,
-        *,
-        agent: str | None = None,
-        tenant: str | None = None,
-        status: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        order: str = "last_at",
-        descending: bool = True,
-        limit: int | None = None,
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
     ) -> list[SessionInfo]:
-        given = {"agent": agent, "tenant": tenant, "status": status, "since_ms": since_ms, "until_ms": until_ms}
-        params = {k: v for k, v in given.items() if v is not None}
-        query = _sessions(tuple(params), order, descending, limit is not None)
-        return [to_session_info(r) for r in await self._fetch(query, **params, limit=limit)]
+        query = _sessions(tuple(filters), order, descending, limit is not None)
+        return [to_session_info(r) for r in await self._fetch(query, **filters, limit=limit)]
 
     # -- erasure and rewriting ---------------------------------------------------------------
 

@@ -342,12 +342,14 @@ class SqliteEventStore(SqlEventStore):
     async def session_info(self, session: str) -> SessionInfo | None:
         return None if await self._hidden(session) else await super().session_info(session)
 
-    async def sessions(self, *, tenant: str | None = None, **filters: Any) -> list[SessionInfo]:
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
+    ) -> list[SessionInfo]:
         if self.tenant is not None:
-            if tenant not in (None, self.tenant):
+            if filters.get("tenant", self.tenant) != self.tenant:
                 return []
-            tenant = self.tenant
-        return await super().sessions(tenant=tenant, **filters)
+            filters = {**filters, "tenant": self.tenant}
+        return await super()._list_sessions(filters, order, descending, limit)
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
         if await self._hidden(session):

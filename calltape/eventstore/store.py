@@ -135,7 +135,6 @@ class EventStore(ABC):
     async def session_info(self, session: str) -> SessionInfo | None:
         """The session's summary (agent, tenant, status, event count, epoch, times), or None."""
 
-    @abstractmethod
     async def sessions(
         self,
         *,
@@ -149,6 +148,16 @@ class EventStore(ABC):
         limit: int | None = None,
     ) -> list[SessionInfo]:
         """Sessions with their summaries; ``order`` is one of last_at, first_at, session, events."""
+        given = {"agent": agent, "tenant": tenant, "status": status, "since_ms": since_ms, "until_ms": until_ms}
+        filters = {k: v for k, v in given.items() if v is not None}
+        return await self._list_sessions(filters, order, descending, limit)
+
+    @abstractmethod
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
+    ) -> list[SessionInfo]:
+        """:meth:`sessions` for a backend: ``filters`` holds only the filters given (agent, tenant,
+        status, since_ms, until_ms), so the signature is written once, above."""
 
     @abstractmethod
     async def feed(

@@ -37,16 +37,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, cast
 
-try:
+from calltape.extras import requires_extra
+
+with requires_extra("livekit", "the LiveKit test harness (calltape.testing.livekit)"):
     from livekit import rtc
     from livekit.agents import Agent, AgentSession, llm, stt, tts
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "calltape.testing.livekit needs LiveKit Agents: pip install 'calltape[livekit]' (livekit-agents>=1.6.5,<1.9)"
-    ) from exc
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
-from livekit.agents.voice import io
-from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
+    from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+    from livekit.agents.voice import io
+    from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
 from calltape.adapters.livekit import LiveKitTap, attach
 from calltape.runtime import CallSession
