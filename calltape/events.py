@@ -497,6 +497,57 @@ DATA_MODELS: dict[str, type[_Data]] = {
 
 EVENT_TYPES: frozenset[str] = frozenset(DATA_MODELS)
 
+_PLAIN_KINDS: dict[Any, tuple[type, ...]] = {
+    str: (str,),
+    bool: (bool,),
+    str | None: (str, type(None)),
+    bool | None: (bool, type(None)),
+}
+
+
+def _plain_fields(model: type[_Data]) -> dict[str, tuple[tuple[type, ...], bool]] | None:
+    """``{field: (exact types accepted, required)}`` when pydantic would hand back what it is given:
+    every field a plain ``str``/``bool`` (or ``| None`` defaulting to None), no alias, no constraint,
+    no validator. None for a model that validates anything more (its data always goes through it)."""
+    decorators = model.__pydantic_decorators__
+    if decorators.field_validators or decorators.model_validators:
+        return None
+    fields: dict[str, tuple[tuple[type, ...], bool]] = {}
+    for name, info in model.model_fields.items():
+        kinds = _PLAIN_KINDS.get(info.annotation)
+        required = info.is_required()
+        if kinds is None or info.alias not in (None, name) or info.metadata:
+            return None
+        if not required and info.default is not None:
+            return None
+        fields[name] = (kinds, required)
+    return fields
+
+
+_PLAIN_DATA = {t: fields for t, m in DATA_MODELS.items() if (fields := _plain_fields(m)) is not None}
+"""The event types whose data is only plain strings and booleans: the hot ones (text deltas, speech
+progress, transcripts, reply and tool references), checked in plain Python by :func:`validate_data`."""
+
+_ABSENT: Any = object()
+
+
+def _plain_data(fields: dict[str, tuple[tuple[type, ...], bool]], data: dict[str, Any]) -> dict[str, Any] | None:
+    """``data`` as the model would dump it (None values left out, declared order), or None when any
+    field is missing, of another type, or not declared (those go through pydantic, for its message)."""
+    if len(data) > len(fields) or not fields.keys() >= data.keys():
+        return None
+    out: dict[str, Any] = {}
+    for name, (kinds, required) in fields.items():
+        value = data.get(name, _ABSENT)
+        if value is _ABSENT:
+            if required:
+                return None
+        elif type(value) not in kinds:
+            return None
+        elif value is not None:
+            out[name] = value
+    return out
+
 EventType = Literal[
     "session.started",
     "session.ended",
@@ -626,6 +677,11 @@ def _dump_data(model: BaseModel) -> dict[str, Any]:
 
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks one event's ``data`` against its type; returns the normalized dict."""
+    plain = _PLAIN_DATA.get(event_type)
+    if plain is not None and (data is None or type(data) is dict):
+        checked = _plain_data(plain, data or {})
+        if checked is not None:
+            return checked
     model = DATA_MODELS.get(event_type)
     if model is None:
         if is_extension(event_type):
@@ -668,14 +724,13 @@ def _parse_common(obj: dict[str, Any], event_type: str) -> Event | None:
             at_ms = datetime_ms(to_datetime(at))
         except ValueError:
             return None
-    model = DATA_MODELS.get(event_type)
-    if model is None:
-        data = dict(data)
-    else:
+    if event_type in DATA_MODELS:
         try:
-            data = _dump_data(model.model_validate(data))
-        except ValidationError:
+            data = validate_data(event_type, data)
+        except InvalidEvent:
             return None
+    else:
+        data = dict(data)
     return Event(
         type=event_type,
         data=data,
