@@ -33,7 +33,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -46,8 +46,9 @@ with requires_extra("livekit", "the LiveKit test harness (calltape.testing.livek
     from livekit.agents.voice import io
     from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
-from calltape.adapters.livekit import LiveKitTap, attach
-from calltape.runtime import CallSession
+from calltape.adapters.livekit import LiveKitTap, attach, rehydrate
+from calltape.runtime import CallSession, ResumePlan
+from calltape.testing.dropresume import set_drop_carrier
 from calltape.testing.explore import set_barge_in
 from calltape.testing.script import Call, Pause, Say, Step, settled
 
@@ -280,15 +281,34 @@ class LiveKitCaller:
     words as a new turn. On exit the session closes.
     """
 
-    def __init__(self, session: AgentSession[Any], agent: Agent, call: CallSession) -> None:
+    def __init__(
+        self,
+        session: AgentSession[Any],
+        agent: Agent,
+        call: CallSession,
+        *,
+        rebuild: Callable[[], tuple[AgentSession[Any], Agent]] | None = None,
+    ) -> None:
         self.session = session
         self.agent = agent
         self.call = call
+        self.rebuild = rebuild
+        """After a drop, the new session and agent (default: a session on the same STT, LLM, TTS, VAD
+        and turn handling, and the same agent object, its chat context seeded from the resume)."""
         self.tap: LiveKitTap | None = None
         self._sync: TranscriptSynchronizer | None = None
         self._running = False
+        self._lost: asyncio.Future[None] | None = None
+        self._carried = asyncio.Event()
+        self._carried.set()
 
     async def __aenter__(self) -> LiveKitCaller:
+        await self._open()
+        set_barge_in(self.call, self.barge_in)
+        set_drop_carrier(self.call, self)
+        return self
+
+    async def _open(self) -> None:
         if self.session.output.audio is None:
             self._sync = TranscriptSynchronizer(
                 next_in_chain_audio=OfflineSpeaker(), next_in_chain_text=_Transcript(), speed=1.0
@@ -298,19 +318,61 @@ class LiveKitCaller:
         self.tap = attach(self.session, self.call)
         await self.session.start(self.agent)
         self._running = True
-        set_barge_in(self.call, self.barge_in)
-        return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._running = False
-        await self.session.aclose()
-        if self.tap is not None:
-            await self.tap.drain()
-        if self._sync is not None:
+        if self._lost is not None:
+            await self._lost
+        await self._close(self.session, self.tap, self._sync)
+
+    @staticmethod
+    async def _close(session: AgentSession[Any], tap: LiveKitTap | None, sync: TranscriptSynchronizer | None) -> None:
+        await session.aclose()
+        if tap is not None:
+            await tap.drain()
+        if sync is not None:
             with contextlib.suppress(Exception):
-                await self._sync.aclose()
+                await sync.aclose()
+
+    # -- a drop (exploration's drop runs): the session is lost, a new one carries the call on ----
+
+    def lose(self) -> None:
+        """The agent's process is lost: the session is cut off from the call (nothing it does is
+        recorded any more) and closed; the caller waits for :meth:`carry_on` before speaking again."""
+        self._running = False
+        self._carried.clear()
+        tap, self.tap = self.tap, None
+        if tap is not None:
+            tap.detach()
+        self._lost = asyncio.ensure_future(self._close(self.session, None, self._sync))
+        self._sync = None
+
+    async def carry_on(self, plan: ResumePlan) -> None:
+        """The call was resumed: a new session (:attr:`rebuild`) takes it on at the new epoch, its
+        agent seeded with the plan's context, and the agent speaks first, as a resumed agent does."""
+        try:
+            if self._lost is not None:
+                await self._lost
+            session, agent = self.rebuild() if self.rebuild is not None else self._same_again()
+            await rehydrate(agent, plan)
+            self.session, self.agent = session, agent
+            await self._open()
+            self.session.generate_reply()
+        finally:
+            self._carried.set()
+
+    def _same_again(self) -> tuple[AgentSession[Any], Agent]:
+        old = self.session
+        services: dict[str, Any] = {"stt": old.stt, "llm": old.llm, "tts": old.tts}
+        options: dict[str, Any] = {name: service for name, service in services.items() if service is not None}
+        with contextlib.suppress(ValueError):  # userdata raises when the session has none
+            options["userdata"] = old.userdata
+        session: AgentSession[Any] = AgentSession(
+            vad=old.vad, turn_handling=old.options.turn_handling, aec_warmup_duration=None, **options
+        )
+        return session, self.agent
 
     @property
     def stt(self) -> ScriptedSTT | None:
@@ -323,6 +385,7 @@ class LiveKitCaller:
     async def says(self, text: str) -> None:
         """A user turn: LiveKit commits ``text`` and the agent replies (not waited for: see
         :meth:`settled`)."""
+        await self._carried.wait()
         scripted = self.stt
         if scripted is not None:
             scripted.hear(text, interim=False)
@@ -344,5 +407,10 @@ class LiveKitCaller:
             self.session.generate_reply(user_input=text)
 
     async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
-        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`)."""
-        await settled(self.call, quiet=quiet, timeout=timeout)
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
+        on the new session when the call was dropped meanwhile."""
+        while True:
+            await self._carried.wait()
+            await settled(self.call, quiet=quiet, timeout=timeout)
+            if self._carried.is_set():
+                return

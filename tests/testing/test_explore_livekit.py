@@ -105,4 +105,18 @@ async def test_the_guarded_agent_passes_every_boundary() -> None:
     # not vacuous: some barge-ins cut the announcement, and then nobody was transferred
     cut = [r for r in exploration.runs if any(e.type == "interruption" for e in r.events)]
     assert cut and any(not TRANSFERS.get(r.events[0].session) for r in cut)
+    # the drop mid-transfer: the session is lost, the call resumed, and a new session carries it on
+    (run,) = [r for r in exploration.runs if r.dropped]
+    assert run.dropped == "c1" and exploration.notes == []
+    assert run.resume is not None and [t["decision"] for t in run.resume["tools"]] == ["unknown"]
+    resumed = [e for e in run.events if e.epoch == 2 and not e.type.startswith("x.")]
+    assert [e.type for e in resumed][-6:] == [
+        "agent.reply.started",
+        "agent.speech.started",
+        "agent.text",
+        "agent.reply.done",
+        "agent.speech.ended",
+        "session.ended",
+    ]  # the new session's agent spoke from the settled context ("Of course.")
+    assert not TRANSFERS.get(run.events[0].session)  # the lost session's tool never acted
     assert time.perf_counter() - started < 120
