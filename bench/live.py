@@ -60,7 +60,8 @@ async def interrupt_release(
 ) -> list[float]:
     """ms from ``call.interrupt(reply)`` to the ``wait_for_playout`` waiter running its
     ``except Interrupted`` handler, while ``load_sessions`` other calls emit in the background."""
-    from calltape.runtime import CallSession, Interrupted
+    from calltape.errors import Interrupted
+    from calltape.runtime import CallSession
 
     recorder = Recorder(store)
     await recorder.start()

@@ -503,6 +503,57 @@ DATA_MODELS: dict[str, type[_Data]] = {
 
 EVENT_TYPES: frozenset[str] = frozenset(DATA_MODELS)
 
+_PLAIN_KINDS: dict[Any, tuple[type, ...]] = {
+    str: (str,),
+    bool: (bool,),
+    str | None: (str, type(None)),
+    bool | None: (bool, type(None)),
+}
+
+
+def _plain_fields(model: type[_Data]) -> dict[str, tuple[tuple[type, ...], bool]] | None:
+    """``{field: (exact types accepted, required)}`` when pydantic would hand back what it is given:
+    every field a plain ``str``/``bool`` (or ``| None`` defaulting to None), no alias, no constraint,
+    no validator. None for a model that validates anything more (its data always goes through it)."""
+    decorators = model.__pydantic_decorators__
+    if decorators.field_validators or decorators.model_validators:
+        return None
+    fields: dict[str, tuple[tuple[type, ...], bool]] = {}
+    for name, info in model.model_fields.items():
+        kinds = _PLAIN_KINDS.get(info.annotation)
+        required = info.is_required()
+        if kinds is None or info.alias not in (None, name) or info.metadata:
+            return None
+        if not required and info.default is not None:
+            return None
+        fields[name] = (kinds, required)
+    return fields
+
+
+_PLAIN_DATA = {t: fields for t, m in DATA_MODELS.items() if (fields := _plain_fields(m)) is not None}
+"""The event types whose data is only plain strings and booleans: the hot ones (text deltas, speech
+progress, transcripts, reply and tool references), checked in plain Python by :func:`validate_data`."""
+
+_ABSENT: Any = object()
+
+
+def _plain_data(fields: dict[str, tuple[tuple[type, ...], bool]], data: dict[str, Any]) -> dict[str, Any] | None:
+    """``data`` as the model would dump it (None values left out, declared order), or None when any
+    field is missing, of another type, or not declared (those go through pydantic, for its message)."""
+    if len(data) > len(fields) or not fields.keys() >= data.keys():
+        return None
+    out: dict[str, Any] = {}
+    for name, (kinds, required) in fields.items():
+        value = data.get(name, _ABSENT)
+        if value is _ABSENT:
+            if required:
+                return None
+        elif type(value) not in kinds:
+            return None
+        elif value is not None:
+            out[name] = value
+    return out
+
 EventType = Literal[
     "session.started",
     "session.ended",
@@ -632,6 +683,11 @@ def _dump_data(model: BaseModel) -> dict[str, Any]:
 
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks one event's ``data`` against its type; returns the normalized dict."""
+    plain = _PLAIN_DATA.get(event_type)
+    if plain is not None and (data is None or type(data) is dict):
+        checked = _plain_data(plain, data or {})
+        if checked is not None:
+            return checked
     model = DATA_MODELS.get(event_type)
     if model is None:
         if is_extension(event_type):
@@ -767,7 +823,7 @@ _TRUSTED_LINE = MAX_DATA_BYTES // 8
 """A line up to this long cannot hold ``data`` over the limit (a number re-encodes at most 8 times longer)."""
 
 
-def _plain_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[str, Any]:
+def _wire_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[str, Any]:
     """``data`` as its model would validate and dump it; raises :class:`_Unusual` or ``InvalidEvent``.
 
     ``trusted``: read by orjson from a line of at most :data:`_TRUSTED_LINE` bytes without a ``\\u0000``
@@ -830,7 +886,7 @@ def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -
     unusual (lax coercions, missing or extra fields, invalid data, anything over a limit) to the union
     and :func:`check_event`, which give the same result for what they accept and the error messages
     for what they refuse. The event returned has passed :func:`check_event`. ``trusted``: see
-    :func:`_plain_data`."""
+    :func:`_wire_data`."""
     if type(event_type) is not str or (event_type not in _DATA_SPECS and not is_extension(event_type)):
         return None
     if not _WIRE_FIELDS.issuperset(obj):
@@ -857,7 +913,7 @@ def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -
         except ValueError:
             return None
     try:
-        data = _plain_data(event_type, data, trusted)
+        data = _wire_data(event_type, data, trusted)
     except (_Unusual, InvalidEvent):
         return None
     event = Event(
@@ -917,7 +973,7 @@ def parse_event(obj: Any) -> Event:
 
 def parse_read(obj: Any, line: bytes) -> Event:
     """:func:`parse_event` for ``obj`` just read by ``orjson.loads(line)`` (the import's reader): the
-    line's bytes vouch for its text (see :func:`_plain_data`), so the usual event skips most checks."""
+    line's bytes vouch for its text (see :func:`_wire_data`), so the usual event skips most checks."""
     if type(obj) is dict:
         event = _parse_common(obj, obj.get("type"), len(line) <= _TRUSTED_LINE and b"\\u0000" not in line)
         if event is not None:

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Final
 
-from calltape.errors import CalltapeError
+from calltape.errors import MissingExtra
 
 EXTRAS: Final[dict[str, str]] = {
     "pipecat": "the Pipecat adapter",
@@ -24,26 +24,12 @@ EXTRAS: Final[dict[str, str]] = {
 """Each pip extra and what it enables."""
 
 
-class MissingExtra(CalltapeError, ImportError):
-    """An optional dependency is not installed; the message names the extra that brings it."""
-
-    def __init__(self, extra: str, feature: str | None = None, module: str | None = None) -> None:
-        self.extra = extra
-        self.feature = feature or EXTRAS.get(extra, f"calltape's {extra} support")
-        self.module = module
-        missing = f" ({module} is not installed)" if module else ""
-        super().__init__(
-            f"{self.feature} needs the '{extra}' extra{missing}: pip install 'calltape[{extra}]'",
-            name=module,
-        )
-
-
 def missing_extra(extra: str, feature: str | None = None, exc: ImportError | None = None) -> MissingExtra:
     """The error to raise when ``exc`` shows that an optional dependency of ``extra`` is absent."""
     module = (exc.name or None) if exc is not None else None
     if module is not None:
         module = module.split(".")[0]
-    return MissingExtra(extra, feature, module)
+    return MissingExtra(extra, feature or EXTRAS.get(extra, f"calltape's {extra} support"), module)
 
 
 @contextlib.contextmanager

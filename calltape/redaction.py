@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from calltape.errors import CalltapeError
+from calltape.errors import RedactionError as RedactionError  # re-exported: public here since v0.1
 from calltape.events import Event, now_ms
 
 Kind = Literal["card", "email", "phone", "ssn"]
@@ -70,10 +70,6 @@ def _maybe_sensitive(text: str) -> bool:
 _ENDS_IN_DIGIT = re.compile(r"(?:\d|\b(?:" + _DIGIT_WORD_ALTERNATION + r"))[\s\-.,]*$", re.IGNORECASE)
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+")
 _SSN = re.compile(r"(?<![\d-])\d{3}[- ]\d{2}[- ]\d{4}(?![\d-])")
-
-
-class RedactionError(CalltapeError):
-    """A redaction rule cannot be used (an unknown kind, a pattern that does not compile)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,11 @@
 Run: pytest examples/test_livekit_agent.py   (needs `pip install 'calltape[livekit]' pytest-asyncio`;
 no keys, no room, no network)
 
-``ClinicAgent`` stands for your ``Agent``: it runs in a real ``AgentSession`` whose LLM and TTS are
-calltape's offline stand-ins (``ScriptedLLM``, ``ScriptedTTS``). The test plays one call, then replays
-it once per event boundary with the caller cutting in exactly there, and checks every run: the
+``ClinicAgent`` stands for your ``Agent``: it runs in a real ``AgentSession`` whose STT, LLM and TTS
+are calltape's offline stand-ins (``ScriptedSTT``, ``ScriptedLLM``, ``ScriptedTTS``): the caller speaks
+through the STT, so LiveKit's own turn detection takes the turns and a barge-in interrupts the agent
+the way a caller's voice does. The test plays one call, then replays it once per event boundary with
+the caller cutting in exactly there, and checks every run: the
 ``calltape check`` rules, the context invariants, and the assertion below. A failure names the instant
 and prints the call's timeline.
 """
@@ -19,12 +21,12 @@ from livekit.agents import Agent, AgentSession, RunContext
 
 from calltape import CallSession
 from calltape.adapters.livekit import function_tool, wait_for_playout
-from calltape.checks import CheckOptions
 from calltape.testing.explore import Run, explore
-from calltape.testing.livekit import Call, LiveKitCaller, Say, ScriptedLLM, ScriptedTTS
+from calltape.testing.livekit import Call, LiveKitCaller, Say, ScriptedLLM, ScriptedSTT, ScriptedTTS, speaking_caller
 
 # ---------------------------------------------------------------------------------------------
 # Your agent (in your project: `from my_agent import ClinicAgent`)
+
 
 class Clinic:
     """The clinic's booking system (in a test: one per call, to see what each run did)."""
@@ -69,7 +71,8 @@ async def one_call(call: CallSession) -> None:
             [Say("Done. Anything else?")],
         ]
     )
-    session: AgentSession[Any] = AgentSession(llm=llm, tts=ScriptedTTS())
+    # speaking_caller(): STT turn detection, no VAD and no echo-cancellation warm-up (there is no audio)
+    session: AgentSession[Any] = AgentSession(stt=ScriptedSTT(), llm=llm, tts=ScriptedTTS(), **speaking_caller())
     clinic = CLINICS[call.session_id] = Clinic()
     async with LiveKitCaller(session, ClinicAgent(clinic), call) as caller:
         await caller.says("please cancel my Monday appointment")
@@ -89,7 +92,6 @@ async def test_every_barge_in_instant() -> None:
     exploration = await explore(
         one_call,
         assertions=nothing_cancelled_unheard,
-        options=CheckOptions(talk_over_ms=6000),  # LiveKit ends an interrupted speech after its tools
         concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
     )
     exploration.assert_ok()

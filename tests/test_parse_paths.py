@@ -204,3 +204,48 @@ def test_the_import_reader_refuses_with_the_usual_sentence(line: bytes, fragment
     with pytest.raises(InvalidEvent) as reference:
         parse_event(line)
     assert fragment in str(refused.value) and str(refused.value) == str(reference.value)
+
+
+PLAIN_VALUES = st.one_of(ODD, st.text(max_size=3), st.just(True), st.just(False))
+
+
+@st.composite
+def plain_data(draw: st.DrawFn) -> tuple[str, Any]:
+    from calltape.events import _PLAIN_DATA
+
+    event_type = draw(st.sampled_from(sorted(_PLAIN_DATA)))
+    names = [*_PLAIN_DATA[event_type], "extra"]
+    data = draw(st.dictionaries(st.sampled_from(names), PLAIN_VALUES, max_size=len(names)))
+    return event_type, draw(st.sampled_from([data, None])) if not data else data
+
+
+@settings(max_examples=1500, deadline=None)
+@given(plain_data())
+def test_plain_data_is_what_the_model_makes_of_it(case: tuple[str, Any]) -> None:
+    # validate_data checks the plain-string types in Python: the same result as the model, or both refuse.
+    from calltape.events import DATA_MODELS, _dump_data, validate_data
+
+    event_type, data = case
+
+    def by_model() -> Any:
+        try:
+            return _dump_data(DATA_MODELS[event_type].model_validate(data or {}))
+        except ValueError:
+            return "refused"
+
+    try:
+        fast: Any = validate_data(event_type, data)
+    except InvalidEvent:
+        fast = "refused"
+    expected = by_model()
+    assert fast == expected
+    if isinstance(fast, dict):
+        assert list(fast) == list(expected)  # the same key order: the stored JSON text is the same
+
+
+def test_the_hot_event_types_are_checked_in_plain_python() -> None:
+    from calltape.events import _PLAIN_DATA
+
+    assert {"agent.text", "agent.speech.progress", "user.transcript", "agent.reply.started"} <= set(_PLAIN_DATA)
+    # a model with a validator, an alias, a Literal, a default or an Any is never read around pydantic
+    assert not {"tool.call", "agent.handoff", "session.started", "tool.result", "tool.cancelled"} & set(_PLAIN_DATA)

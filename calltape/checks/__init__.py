@@ -9,7 +9,6 @@ from calltape.checks.facts import SessionFacts, collect
 from calltape.checks.rules import RULES, CheckOptions, Rule, Violation, rule
 from calltape.checks.runner import (
     CHUNK,
-    CheckInputError,
     SessionReport,
     check_events,
     check_facts,
@@ -19,6 +18,7 @@ from calltape.checks.runner import (
     sweep_store,
     to_events,
 )
+from calltape.errors import CheckInputError
 
 __all__ = [
     "CHUNK",

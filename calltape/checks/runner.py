@@ -15,15 +15,11 @@ import orjson
 
 from calltape.checks.facts import SessionFacts, collect
 from calltape.checks.rules import RULES, CheckOptions, Violation
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, CheckInputError
 from calltape.events import Event, parse_event
 
 if TYPE_CHECKING:
     from calltape.eventstore import EventStore
-
-
-class CheckInputError(CalltapeError):
-    """Events that cannot be checked: an unreadable file, an invalid line, a mix of sessions."""
 
 
 def _rule_order(rule_ids: Sequence[str] | None) -> list[str]:

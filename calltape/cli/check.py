@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from calltape.cli.common import CliError, note, opened_store, parse_when, require_session, run, state, write_json
+from calltape.cli.common import note, opened_store, parse_when, require_session, run, state, write_json
+from calltape.errors import CliError
 
 if TYPE_CHECKING:
     from calltape.checks import CheckOptions, Violation
@@ -122,7 +123,8 @@ def check(
     Prints one line per violation: SESSION seq RULE: sentence. Exit status: 0 no violations,
     1 violations found, 2 usage error.
     """
-    from calltape.checks import RULES, CheckInputError, CheckOptions
+    from calltape.checks import RULES, CheckOptions
+    from calltape.errors import CheckInputError
 
     sessions = list(sessions or [])
     files = list(files or [])

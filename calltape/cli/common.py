@@ -22,16 +22,12 @@ import typer
 from rich.console import Console
 
 from calltape.canonical_json import json_text
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, CliError
 
 if TYPE_CHECKING:
     from calltape.eventstore import EventStore
 
 T = TypeVar("T")
-
-
-class CliError(CalltapeError):
-    """A user error found by the CLI itself (bad option value, unreadable file, …)."""
 
 
 @dataclass(slots=True)

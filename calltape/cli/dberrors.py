@@ -16,8 +16,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
 
-from calltape.cli.common import CliError
-from calltape.errors import SchemaOutdated, StoreUnavailable, TenantRefused
+from calltape.errors import CliError, SchemaOutdated, StoreUnavailable, TenantRefused
 from calltape.eventstore.errors import error_chain
 
 

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from calltape.cli.common import CliError, opened_store, out, parse_when, run, write_json
+from calltape.cli.common import opened_store, out, parse_when, run, write_json
 from calltape.cli.progress import meter
+from calltape.errors import CliError
 
 
 def delete(

@@ -15,7 +15,6 @@ from rich.text import Text
 from calltape.canonical_json import canonical_bytes
 from calltape.cli.common import (
     FORMAT_HELP,
-    CliError,
     check_format,
     clock,
     compact_json,
@@ -32,6 +31,7 @@ from calltape.cli.common import (
     within,
     write_json,
 )
+from calltape.errors import CliError
 
 if TYPE_CHECKING:
     from calltape.eventstore import EventStore, SessionInfo

@@ -15,7 +15,6 @@ from rich.text import Text
 
 from calltape.cli.common import (
     FORMAT_HELP,
-    CliError,
     check_format,
     clock,
     compact_json,
@@ -35,6 +34,7 @@ from calltape.cli.common import (
     write_json,
 )
 from calltape.cli.dberrors import database_errors
+from calltape.errors import CliError
 
 if TYPE_CHECKING:
     from calltape.events import Event

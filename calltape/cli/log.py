@@ -31,7 +31,6 @@ import typer
 
 from calltape.canonical_json import canonical_bytes
 from calltape.cli.common import (
-    CliError,
     database_url,
     note,
     opened_store,
@@ -41,12 +40,12 @@ from calltape.cli.common import (
     within,
     write_json,
 )
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, CliError
 
 if TYPE_CHECKING:
+    from calltape.errors import ImportRefused
     from calltape.events import Event
     from calltape.eventstore import EventStore
-    from calltape.eventstore.bulk import ImportRefused
 
 BATCH = 5000
 OVERLAP_SLICE = 500
@@ -367,7 +366,8 @@ def import_events(
     recognised quickly and skipped.
     """
     from calltape.cli.progress import meter
-    from calltape.eventstore.bulk import ImportRefused, bulk_import
+    from calltape.errors import ImportRefused
+    from calltape.eventstore.bulk import bulk_import
 
     sources = _sources(files)
     problems = _Problems()
@@ -558,7 +558,8 @@ def replay(
         raise CliError("--into must name a new session, not the one being replayed")
 
     async def copy() -> int:
-        from calltape.eventstore.fork import ForkRefused, fork_session
+        from calltape.errors import ForkRefused
+        from calltape.eventstore.fork import fork_session
 
         async with opened_store(ctx) as store:
             info = await require_session(store, session)

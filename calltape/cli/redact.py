@@ -28,7 +28,7 @@ def redact(
     session's snapshots are dropped (rebuilt on next use); a session.redacted event records the kinds and
     the number of spans, never the values.
     """
-    from calltape.cli.common import CliError
+    from calltape.errors import CliError
     from calltape.eventstore.redact_stored import redact_session
     from calltape.redaction import KINDS, Redactor
 

@@ -25,7 +25,6 @@ from rich.table import Table
 from rich.text import Text
 
 from calltape.cli.common import (
-    CliError,
     clock,
     compact_json,
     duration,
@@ -39,6 +38,7 @@ from calltape.cli.common import (
     within,
     write_json,
 )
+from calltape.errors import CliError
 
 if TYPE_CHECKING:
     from calltape.events import Event

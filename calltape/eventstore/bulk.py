@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import exc as sa_exc
 
 from calltape.errors import CalltapeError
+from calltape.errors import ImportRefused as ImportRefused  # re-exported: public here since v0.1
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
 from calltape.eventstore.errors import translate_errors
@@ -39,17 +40,6 @@ from calltape.redaction import Redactor
 
 SQLITE_LOCK_WAIT = 600.0
 """Seconds an SQLite import waits for the write lock held by another import or writer."""
-
-
-class ImportRefused(CalltapeError):
-    """The store refused one event of an import (its rules, not its format); nothing was written.
-
-    ``index`` is the event's position in the batch given to :meth:`BulkImport.add`."""
-
-    def __init__(self, index: int, cause: CalltapeError) -> None:
-        super().__init__(str(cause))
-        self.index = index
-        self.cause = cause
 
 
 @dataclass(slots=True)

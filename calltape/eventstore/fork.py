@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calltape.errors import CalltapeError, ConcurrencyConflict, SessionNotFound
+from calltape.errors import ConcurrencyConflict, ForkRefused, SessionNotFound
 from calltape.events import new_event_id
 from calltape.eventstore.store import EventStore
 
 __all__ = ["ForkRefused", "fork_session"]
-
-
-class ForkRefused(CalltapeError):
-    """The fork cannot be made: the new id is the source, already has events, or the seq is past the end."""
 
 
 async def fork_session(store: EventStore, session: str, into: str, *, to_seq: int | None = None) -> int:

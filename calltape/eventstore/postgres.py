@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 from sqlalchemy import Column
@@ -20,12 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
-from calltape.eventstore.append_plan import SessionInfo, plan_append
+from calltape.eventstore.append_plan import AppendPlan, SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
-from calltape.eventstore.tenancy import NOTIFY_TENANTS, admit, channel, tenant_settings
+from calltape.eventstore.tenancy import CHANNEL, ERASED, NOTIFY_TENANTS, admit, channel, tenant_settings
 from calltape.eventstore.writer import AppendWriter, Key
 
 
@@ -63,6 +63,40 @@ WITH v AS (
 {NOTIFY_TENANTS}
 """
 
+
+def _known_append(with_events: bool) -> str:
+    """The append of a writer that knows its sessions' rows (cached from its own last append): one
+    statement writes the summaries, checked to be still the ones it planned against (each row's
+    ``last_seq`` — every change to a session row goes through an append that moves it), inserts the
+    events (``with_events``) and NOTIFYs. A row that moved (another writer, an erasure, another
+    tenant's row) makes the guard divide by zero, which aborts the whole statement: nothing is
+    written and the append is decided again under the session locks."""
+    n = len(SESSION_COLUMNS)
+    insert = f"INSERT INTO ct_events ({_names(EVENT_COLUMNS)}) SELECT * FROM unnest({_arrays(EVENT_COLUMNS, n + 2)})"
+    events = f", e AS ({insert})" if with_events else ""
+    return f"""
+WITH v AS (
+    SELECT * FROM unnest({_arrays(SESSION_COLUMNS)}, ${n + 1}::int[]) AS v({_names(SESSION_COLUMNS)}, old_last_seq)
+), u AS (
+    UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
+    FROM v WHERE s.session = v.session AND s.last_seq = v.old_last_seq
+    RETURNING 1
+){events}, guard AS (
+    SELECT 1 / (CASE WHEN (SELECT count(*) FROM u) = (SELECT count(*) FROM v) THEN 1 ELSE 0 END) AS ok
+)
+{NOTIFY_TENANTS}, guard WHERE guard.ok = 1
+"""
+
+
+_KNOWN_APPEND = _known_append(with_events=True)
+_KNOWN_SUMMARIES = _known_append(with_events=False)
+
+COPY_FROM: Final = 200
+"""A batch of this many events or more goes in by COPY (cheaper per row than arrays, one round trip more)."""
+
+SESSION_CACHE: Final = 20_000
+"""Session rows a store remembers from its own appends (least recently written dropped first)."""
+
 _KEYS = "unnest($1::text[], $2::text[]) AS k(session, id) USING (session, id)"
 _FIND_STORED = f"SELECT {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events JOIN {_KEYS}"
 _FIND_STORED_KEYS = f"SELECT session, id FROM ct_events JOIN {_KEYS}"
@@ -78,6 +112,18 @@ ORDER BY txid, pos LIMIT $3
 
 class _StoredDuplicate(Exception):
     """The optimistic insert met an id the session already has: replan with the stored events."""
+
+
+_DECIDE_AGAIN = (
+    _StoredDuplicate,
+    asyncpg.UniqueViolationError,  # a stored duplicate id (or seq: another writer got there first)
+    asyncpg.DivisionByZeroError,  # the known-rows guard: a session row moved since it was cached
+    asyncpg.DeadlockDetectedError,
+    InvalidEvent,
+    FencedWrite,
+    ConcurrencyConflict,
+)
+"""What an optimistic attempt may meet that the locked, looked-up attempt decides for real."""
 
 
 def _rowcount(status: str) -> int:
@@ -137,12 +183,29 @@ class PgWriter(AppendWriter):
 
     async def insert_new(self, events: Sequence[Event]) -> int:
         """Inserts, skipping ids already stored; returns how many were written."""
-        columns = [[getattr(e, c) for e in events] for c in _COPY_COLUMNS[:-1]]
-        columns.append([dumps_data(e.data) for e in events])
-        return _rowcount(await self.conn.execute(_INSERT_EVENTS, *columns))
+        return _rowcount(await self.conn.execute(_INSERT_EVENTS, *self._event_columns(events)))
 
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
         await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS))
+
+    def _event_columns(self, events: Sequence[Event]) -> list[list[Any]]:
+        columns = [[getattr(e, c) for e in events] for c in _COPY_COLUMNS[:-1]]
+        columns.append([dumps_data(e.data) for e in events])
+        return columns
+
+    async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
+        """Writes a plan made against ``known`` session rows: one statement (summaries checked and
+        written, events inserted, NOTIFY), or for a large batch that statement's summaries and a COPY in
+        one transaction. Raises ``DivisionByZeroError`` when a row is no longer what ``known`` says."""
+        rows = list(plan.rows.values())
+        summaries = [[getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS]
+        summaries.append([known[r.session].last_seq for r in rows])
+        if len(plan.inserts) < COPY_FROM or not self.copy_in:
+            await self.conn.execute(_KNOWN_APPEND, *summaries, *self._event_columns(plan.inserts))
+            return
+        async with self.conn.transaction():
+            await self.conn.execute(_KNOWN_SUMMARIES, *summaries)
+            await self.insert(plan.inserts)
 
 
 class PostgresEventStore(SqlEventStore):
@@ -155,6 +218,27 @@ class PostgresEventStore(SqlEventStore):
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
         self.url = url
+        self._known: dict[str, SessionInfo] = {}
+        """Session rows as this store's own appends left them, oldest first: a batch whose sessions are
+        all here is planned against them and written in one statement that checks they still hold."""
+
+    def _known_rows(self, sessions: Sequence[str]) -> dict[str, SessionInfo] | None:
+        known = self._known
+        rows = {s: row for s in sessions if (row := known.get(s)) is not None}
+        return rows if len(rows) == len(sessions) else None
+
+    def _remember(self, rows: Mapping[str, SessionInfo]) -> None:
+        known = self._known
+        for session, row in rows.items():
+            known.pop(session, None)
+            if row.last_seq > 0:  # a row only locked, never written, may still be another writer's to start
+                known[session] = row
+        while len(known) > SESSION_CACHE:
+            del known[next(iter(known))]
+
+    def _forget(self, sessions: Iterable[str]) -> None:
+        for session in sessions:
+            self._known.pop(session, None)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
@@ -185,12 +269,25 @@ class PostgresEventStore(SqlEventStore):
             return []
         events = admit(self._redact(events), self.tenant)
         sessions = sorted({e.session for e in events})
+        known = self._known_rows(sessions)
+        self._forget(sessions)  # remembered again below only from a committed append
         async with self._connection() as conn:
             writer = PgWriter(conn, tenant=self.tenant, copy_in=self.copy_in)
+            first = 0
+            if known is not None:
+                # The writer's own sessions, as its last append left them: plan against those rows
+                # and write in one statement that checks them (no lock, no lookup round trip).
+                try:
+                    plan = plan_append(events, known, {}, expected_seq)
+                    await writer.append_known(plan, known)
+                    self._remember({**known, **plan.rows})
+                    return plan.results
+                except _DECIDE_AGAIN:
+                    first = 1  # decided again under the locks, with the stored events looked up
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
             # an insert that met a stored id, or a rule that failed — is decided again, for real,
             # with the stored events looked up under the same session locks.
-            for attempt in range(2):
+            for attempt in range(first, 2):
                 try:
                     async with conn.transaction():
                         rows = await writer.lock_sessions(sessions)
@@ -202,8 +299,9 @@ class PostgresEventStore(SqlEventStore):
                             elif await writer.insert_new(plan.inserts) != len(plan.inserts):
                                 raise _StoredDuplicate
                             await writer.update_sessions(list(plan.rows.values()))
+                    self._remember({**rows, **plan.rows})
                     return plan.results
-                except (_StoredDuplicate, asyncpg.UniqueViolationError, InvalidEvent, FencedWrite, ConcurrencyConflict):
+                except _DECIDE_AGAIN:
                     if attempt:
                         raise
         raise AssertionError("unreachable")
@@ -229,18 +327,47 @@ class PostgresEventStore(SqlEventStore):
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url, self.tenant)
 
+    async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
+        # Delivered at commit to every LISTENing subscription that could hold the session's events.
+        assert isinstance(db, _PgDb)
+        await db.conn.execute(_ANNOUNCE_ERASURE, CHANNEL, channel(tenant), ERASED)
+
+    async def _erased(self, sessions: set[str]) -> set[str]:
+        async with self._connection() as conn:
+            rows = await conn.fetch("SELECT session FROM ct_sessions WHERE session = ANY($1::text[])", list(sessions))
+        return sessions - {r[0] for r in rows}
+
+
+_ANNOUNCE_ERASURE = "SELECT pg_notify(c, $3) FROM (VALUES ($1::text), ($2::text)) AS channels(c)"
+
 
 class _NotifyWaiter(ChangeWaiter):
-    """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile)."""
+    """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile).
+
+    An erasure's notification (payload :data:`ERASED`) moves :meth:`erasures`; so does every moment the
+    connection is not listening, since an erasure then could go unheard."""
 
     def __init__(self, url: str, tenant: str | None = None) -> None:
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._tenant = tenant
         self._conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
+        self._erasures = 0
 
-    def _on_notify(self, *_: object) -> None:
+    def _on_notify(self, _conn: object, _pid: object, _channel: object, payload: object) -> None:
+        if payload == ERASED:
+            self._erasures += 1
         self._woken.set()
+
+    async def ready(self) -> None:
+        """LISTENs now, before the subscription's first read."""
+        await self._ensure()
+
+    def erasures(self) -> int:
+        """Erasures heard; while not listening, a new number every call (every event is checked)."""
+        if self._conn is None or self._conn.is_closed():
+            self._erasures += 1
+        return self._erasures
 
     async def _ensure(self) -> None:
         if self._conn is not None and not self._conn.is_closed():

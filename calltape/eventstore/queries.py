@@ -28,7 +28,7 @@ from calltape.errors import SessionNotFound
 from calltape.events import Event, load_stored, now_ms
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.schema import SESSION_COLUMNS, events, sessions, snapshots, tombstones
-from calltape.eventstore.store import EventStore, Tombstone
+from calltape.eventstore.store import EventStore, Tombstone, note_erasure
 from calltape.gcpause import gc_paused
 
 Builder = Callable[[str], ClauseElement]
@@ -269,22 +269,11 @@ class SqlEventStore(EventStore):
         rows = await self._fetch(_SESSION_INFO, session=session)
         return to_session_info(rows[0]) if rows else None
 
-    async def sessions(
-        self,
-        *,
-        agent: str | None = None,
-        tenant: str | None = None,
-        status: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
-        order: str = "last_at",
-        descending: bool = True,
-        limit: int | None = None,
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
     ) -> list[SessionInfo]:
-        given = {"agent": agent, "tenant": tenant, "status": status, "since_ms": since_ms, "until_ms": until_ms}
-        params = {k: v for k, v in given.items() if v is not None}
-        query = _sessions(tuple(params), order, descending, limit is not None)
-        return [to_session_info(r) for r in await self._fetch(query, **params, limit=limit)]
+        query = _sessions(tuple(filters), order, descending, limit is not None)
+        return [to_session_info(r) for r in await self._fetch(query, **filters, limit=limit)]
 
     # -- erasure and rewriting ---------------------------------------------------------------
 
@@ -302,7 +291,18 @@ class SqlEventStore(EventStore):
             await db.execute(_DELETE_SNAPSHOTS, session=session)
             await db.execute(_DELETE_SESSION, session=session)
             await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count, tenant=owner[0])
-            return count
+            await self._announce_erasure(db, owner[0])
+        note_erasure()  # committed: this process's subscriptions re-check what they hold
+        await self._erasure_committed()
+        return count
+
+    async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
+        """Inside the erasing transaction: tells other processes' subscriptions (PostgreSQL: NOTIFY)."""
+        return None
+
+    async def _erasure_committed(self) -> None:
+        """After the erasing transaction: tells other processes' subscriptions (SQLite: a counter file)."""
+        return None
 
     async def tombstone(self, session: str) -> Tombstone | None:
         rows = await self._fetch(_TOMBSTONE, session=session)

@@ -30,6 +30,10 @@ from typing import Any
 
 from calltape.backoff import Backoff
 from calltape.errors import CalltapeError, StoreUnavailable
+from calltape.errors import DurableAppendTimeout as DurableAppendTimeout  # re-exported: public here since v0.1
+from calltape.errors import RecorderClosed as RecorderClosed
+from calltape.errors import RecorderFull as RecorderFull
+from calltape.errors import RecorderSpilled as RecorderSpilled
 from calltape.events import Event, dumps_jsonl, make_event, now_ms
 from calltape.eventstore.errors import is_transient
 from calltape.eventstore.store import EventStore
@@ -38,43 +42,6 @@ from calltape.redaction import RedactingStream, Redactor
 log = logging.getLogger("calltape.recorder")
 
 RejectHandler = Callable[[Sequence[Event], CalltapeError], None]
-
-
-class RecorderFull(CalltapeError):
-    """The recorder holds ``max_pending`` unwritten events; this event was not accepted."""
-
-
-class RecorderClosed(CalltapeError):
-    """The recorder was closed; it accepts no more events."""
-
-
-class RecorderSpilled(CalltapeError):
-    """Closing gave up waiting for the database; the unwritten events were saved to a JSONL file."""
-
-    def __init__(self, path: Path, count: int) -> None:
-        super().__init__(
-            f"the database stayed unreachable, so {count} unwritten event(s) were saved to {path}; "
-            f"load them with `calltape import {path}`"
-        )
-        self.path, self.count = path, count
-
-
-class DurableAppendTimeout(StoreUnavailable):
-    """A durable append did not commit within its timeout (the database is slow or unreachable).
-
-    ``withdrawn`` tells the outcome: ``True`` when the event was still queued and has been taken back
-    (it will never be written), ``False`` when it was already being written (it commits as soon as
-    the database answers; its id makes a retry harmless).
-    """
-
-    def __init__(self, timeout: float, withdrawn: bool) -> None:
-        outcome = (
-            "it was taken back and will not be written"
-            if withdrawn
-            else "it is being written and commits when the database answers"
-        )
-        super().__init__(f"a durable append did not commit within {timeout:g}s; {outcome}")
-        self.timeout, self.withdrawn = timeout, withdrawn
 
 
 @dataclass(slots=True)

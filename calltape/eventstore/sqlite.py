@@ -9,6 +9,9 @@ statement whatever its size, with no limit on the number of parameters.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +19,7 @@ import orjson
 from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.dialects.sqlite import insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from calltape.errors import SessionNotFound
@@ -35,6 +39,8 @@ from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS, events, s
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
+
+log = logging.getLogger("calltape.eventstore")
 
 
 def configure_engine(engine: AsyncEngine) -> None:
@@ -198,6 +204,62 @@ _FEED_TENANT = Query(
 )
 
 
+# -- erasures seen across processes ------------------------------------------------------------
+#
+# SQLite has no notifications, and a query before every event a subscription hands out would cost more
+# than the event. So every erase, once committed, bumps a counter in a small file beside the database
+# (``calltape.db-erasures``: eight bytes, no content, owner-only); a subscription reads it (one pread)
+# before each event and re-checks its page only when it moved.
+
+
+def _open_counter(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def bump_erasures(path: str) -> None:
+    """Adds one to the erasure counter at ``path`` (under an exclusive lock: no increment is lost)."""
+    fd = _open_counter(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        count = int.from_bytes(os.pread(fd, 8, 0), "little")
+        os.pwrite(fd, (count + 1).to_bytes(8, "little"), 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class SqliteWaiter(SleepWaiter):
+    """Polls (SQLite cannot notify), and watches the database's erasure counter file."""
+
+    def __init__(self, counter: str | None) -> None:
+        self._counter = counter
+        self._fd: int | None = None
+        self._blind = 0
+
+    async def ready(self) -> None:
+        """Opens the counter file (creating it, owner-only, if no erase has yet)."""
+        if self._counter is None or self._fd is not None:
+            return
+        try:
+            self._fd = _open_counter(self._counter)
+        except OSError as exc:
+            log.warning("subscription: cannot watch for erasures (%s); checking before every event", exc.strerror)
+
+    def erasures(self) -> int:
+        """The counter file's value; without the file, a new number every call (so every event is checked)."""
+        if self._fd is not None:
+            return int.from_bytes(os.pread(self._fd, 8, 0), "little")
+        if self._counter is None:
+            return 0  # an in-memory database: only this process can erase, and it counts for itself
+        self._blind += 1
+        return -self._blind
+
+    async def close(self) -> None:
+        """Closes the counter file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class SqliteEventStore(SqlEventStore):
     """The embedded SQLite event log: writers take the lock up front, so ``pos`` is commit order."""
 
@@ -206,6 +268,9 @@ class SqliteEventStore(SqlEventStore):
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
         self.url = url
+        database = make_url(url).database or ":memory:"
+        self._erasure_counter = None if database == ":memory:" else f"{database}-erasures"
+        """The file every erase bumps (None for an in-memory database, which no other process can open)."""
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
@@ -241,7 +306,22 @@ class SqliteEventStore(SqlEventStore):
         return FeedPosition(0, rows[0][0] or 0)
 
     def change_waiter(self) -> ChangeWaiter:
-        return SleepWaiter()
+        return SqliteWaiter(self._erasure_counter)
+
+    async def _erasure_committed(self) -> None:
+        if self._erasure_counter is None:
+            return
+        try:
+            bump_erasures(self._erasure_counter)
+        except OSError as exc:
+            log.warning(
+                "erase: could not tell other processes' subscriptions (%s): they see it at their next page",
+                exc.strerror,
+            )
+
+    async def _erased(self, sessions: set[str]) -> set[str]:
+        rows = await self._fetch(_SESSIONS_IN, sessions=orjson.dumps(sorted(sessions)).decode())
+        return sessions - {r[0] for r in rows}
 
     # -- tenants: SQLite has no row-level security, so a tenant store filters here -------------
 
@@ -262,12 +342,14 @@ class SqliteEventStore(SqlEventStore):
     async def session_info(self, session: str) -> SessionInfo | None:
         return None if await self._hidden(session) else await super().session_info(session)
 
-    async def sessions(self, *, tenant: str | None = None, **filters: Any) -> list[SessionInfo]:
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
+    ) -> list[SessionInfo]:
         if self.tenant is not None:
-            if tenant not in (None, self.tenant):
+            if filters.get("tenant", self.tenant) != self.tenant:
                 return []
-            tenant = self.tenant
-        return await super().sessions(tenant=tenant, **filters)
+            filters = {**filters, "tenant": self.tenant}
+        return await super()._list_sessions(filters, order, descending, limit)
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
         if await self._hidden(session):

@@ -49,12 +49,34 @@ class Tombstone:
     events: int
 
 
+class _ErasuresHere:
+    """How many erasures this process has committed, through any store: a subscription that sees the
+    count move re-checks the page it holds (see :meth:`EventStore.subscribe`)."""
+
+    count = 0
+
+
+def note_erasure() -> None:
+    """Records that this process has just committed an erasure (called by the stores' ``erase``)."""
+    _ErasuresHere.count += 1
+
+
 class ChangeWaiter(ABC):
-    """Sleeps until the log may have changed (a wake-up only: readers always re-read the feed)."""
+    """Sleeps until the log may have changed (a wake-up only: readers always re-read the feed), and
+    watches for erasures committed by other processes."""
 
     @abstractmethod
     async def wait(self, seconds: float) -> None:
         """Returns after at most ``seconds``, earlier when the log may have changed."""
+
+    async def ready(self) -> None:
+        """Starts watching for erasures; a subscription calls it before it reads its first page."""
+        return None
+
+    def erasures(self) -> int:
+        """A number that changes whenever another process may have erased a session since the last
+        call (or while the waiter could not watch). Cheap: no query, called before every event."""
+        return 0
 
     async def close(self) -> None:
         """Releases what the waiter holds (a LISTEN connection, say)."""
@@ -113,7 +135,6 @@ class EventStore(ABC):
     async def session_info(self, session: str) -> SessionInfo | None:
         """The session's summary (agent, tenant, status, event count, epoch, times), or None."""
 
-    @abstractmethod
     async def sessions(
         self,
         *,
@@ -127,6 +148,16 @@ class EventStore(ABC):
         limit: int | None = None,
     ) -> list[SessionInfo]:
         """Sessions with their summaries; ``order`` is one of last_at, first_at, session, events."""
+        given = {"agent": agent, "tenant": tenant, "status": status, "since_ms": since_ms, "until_ms": until_ms}
+        filters = {k: v for k, v in given.items() if v is not None}
+        return await self._list_sessions(filters, order, descending, limit)
+
+    @abstractmethod
+    async def _list_sessions(
+        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
+    ) -> list[SessionInfo]:
+        """:meth:`sessions` for a backend: ``filters`` holds only the filters given (agent, tenant,
+        status, since_ms, until_ms), so the signature is written once, above."""
 
     @abstractmethod
     async def feed(
@@ -151,26 +182,56 @@ class EventStore(ABC):
         poll_interval: float = 0.5,
         batch: int = 500,
     ) -> AsyncIterator[tuple[FeedPosition, Event]]:
-        """Follows the feed forever from ``after``; survives lost connections without gaps or repeats."""
+        """Follows the feed forever from ``after``; survives lost connections without gaps or repeats.
+
+        Events are read a page at a time, but an erased session's events are never handed out once the
+        erasure is known: before each event the subscription compares a count of erasures (this
+        process's, and the waiter's view of other processes': no query), and when it moved it asks the
+        database which of the page's sessions are gone and skips their events.
+        """
         position = after or START
         waiter = self.change_waiter()
         backoff = Backoff(0.05, 2.0)
+
+        def erasures() -> tuple[int, int]:
+            return _ErasuresHere.count, waiter.erasures()
+
+        async def retry_later(exc: StoreUnavailable) -> None:
+            delay = backoff.next()
+            log.warning("subscription: %s; retrying in %.2fs", exc, delay)
+            await asyncio.sleep(delay)
+
         try:
+            await waiter.ready()
             while True:
+                checked = erasures()  # before the read: an erasure after it moves the count
                 try:
                     rows = await self.feed(position, limit=batch, session=session)
                 except StoreUnavailable as exc:
-                    delay = backoff.next()
-                    log.warning("subscription: %s; retrying in %.2fs", exc, delay)
-                    await asyncio.sleep(delay)
+                    await retry_later(exc)
                     continue
                 backoff.reset()
-                for position, event in rows:
-                    yield position, event
-                if len(rows) < batch:
-                    await waiter.wait(poll_interval)
+                gone: set[str] = set()
+                for i, (at, event) in enumerate(rows):
+                    if (now := erasures()) != checked:
+                        try:
+                            gone |= await self._erased({e.session for _, e in rows[i:]} - gone)
+                        except StoreUnavailable as exc:
+                            await retry_later(exc)
+                            break  # read the rest of the page again, from the last event handed out
+                        checked = now
+                    position = at
+                    if event.session not in gone:
+                        yield at, event
+                else:
+                    if len(rows) < batch:
+                        await waiter.wait(poll_interval)
         finally:
             await waiter.close()
+
+    async def _erased(self, sessions: set[str]) -> set[str]:
+        """Which of ``sessions`` the store no longer holds (erased since they were read)."""
+        return {s for s in sessions if await self.session_info(s) is None}
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -210,4 +271,3 @@ class EventStore(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-

@@ -82,6 +82,10 @@ def refuse_foreign(rows: Iterable[SessionInfo], tenant: str | None) -> None:
 CHANNEL = "calltape_events"
 """Woken by every commit (LISTEN by stores without a tenant, the operator's)."""
 
+ERASED = "erased"
+"""The payload of an erasure's notification (on the all-sessions channel and the session's tenant's):
+subscriptions re-check the page they hold. Commits notify with an empty payload."""
+
 NOTIFY_TENANTS = (
     f"SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c "
     f"UNION SELECT '{CHANNEL}_' || md5(coalesce(tenant, '')) FROM v) AS channels"

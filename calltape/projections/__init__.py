@@ -3,6 +3,7 @@
 Pure except :mod:`calltape.projections.context`, which reads the store.
 """
 
+from calltape.errors import InvalidInstant, SnapshotMismatch, UnknownFormat
 from calltape.projections.context import (
     DEFAULT_POLICY,
     ContextStore,
@@ -15,14 +16,12 @@ from calltape.projections.fold import (
     FOLD_VERSION,
     ContextFold,
     ReplyState,
-    SnapshotMismatch,
     ToolCallState,
     fold_events,
 )
 from calltape.projections.formats import (
     FORMATS,
     ContextFormat,
-    UnknownFormat,
     output_text,
     render,
     to_anthropic,
@@ -34,7 +33,6 @@ from calltape.projections.instant import (
     AtSeq,
     AtTime,
     Instant,
-    InvalidInstant,
     parse_instant,
     seq_for_instant,
 )

@@ -107,9 +107,9 @@ from calltape.projections.records import (
     call_state,
     heard_text,
 )
-from calltape.projections.snapshot import FOLD_VERSION, SnapshotMismatch
+from calltape.projections.snapshot import FOLD_VERSION
 
-__all__ = ["FOLD_VERSION", "ContextFold", "ReplyState", "SnapshotMismatch", "ToolCallState", "fold_events"]
+__all__ = ["FOLD_VERSION", "ContextFold", "ReplyState", "ToolCallState", "fold_events"]
 
 _Handler = Callable[["ContextFold", dict[str, Any], int], None]
 

@@ -27,15 +27,11 @@ from typing import Any, Final, Literal
 import orjson
 
 from calltape.canonical_json import json_text
-from calltape.errors import CalltapeError
+from calltape.errors import UnknownFormat
 
 Native = dict[str, Any]
 
 _FAILED: Final = frozenset({"error", "timeout", "unknown", "cancelled"})
-
-
-class UnknownFormat(CalltapeError, ValueError):
-    """A context format name calltape does not know."""
 
 
 def output_text(output: Any) -> str:

@@ -10,12 +10,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from calltape.errors import CalltapeError, InvalidEvent
+from calltape.errors import InvalidEvent, InvalidInstant
 from calltape.events import Event, parse_time
-
-
-class InvalidInstant(CalltapeError, ValueError):
-    """An ``--at`` value that is neither a seq, an RFC 3339 time nor ``+SECONDS``."""
 
 
 @dataclass(frozen=True, slots=True)

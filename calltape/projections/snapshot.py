@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from calltape.errors import CalltapeError
+from calltape.errors import SnapshotMismatch
 from calltape.gcpause import gc_paused
 from calltape.projections.native import NativeItem, items_json
 from calltape.projections.records import Call, Handoff, Item, Reply, User
@@ -51,10 +51,6 @@ if TYPE_CHECKING:
 FOLD_VERSION: Final = 2
 """Bump whenever a rule of the fold or this layout changes: snapshots of another version are
 refused and rebuilt. 1 was v0.1's positional layout."""
-
-
-class SnapshotMismatch(CalltapeError):
-    """A snapshot written by other fold rules (or damaged) cannot be restored."""
 
 
 _REPLY_FIELDS: Final = (

@@ -1,14 +1,14 @@
 """The live runtime: guarded tools, interruption-aware waits, resume and handoff (SPEC sections 3, 4)."""
 
+from calltape.errors import AlreadyResumed, Interrupted
 from calltape.runtime.latency import Latencies, LatencyTracker, follow_latencies, session_latencies
 from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
-from calltape.runtime.resume import AlreadyResumed, ResumePlan, ToolDecision, handoff, resume
+from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
 from calltape.runtime.session import CallSession
 from calltape.runtime.stats import merge_stats, session_stats
 from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
-from calltape.runtime.waits import Interrupted
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calltape.errors import CalltapeError, ConcurrencyConflict
+from calltape.errors import AlreadyResumed, ConcurrencyConflict
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.projections import ContextFold, ToolCallState, build_context, render
@@ -114,17 +114,6 @@ async def _decide(call: ToolCallState, spec: ToolSpec | None, settler: _Settler)
             return "reuse"
     settler.add("tool.cancelled", {"call": call.call_id, "reason": "dropped", "outcome": "unknown"})
     return "unknown"
-
-
-class AlreadyResumed(CalltapeError):
-    """The call already has a live resumed agent; resuming again would take it over."""
-
-    def __init__(self, session: str, agent: str | None, epoch: int) -> None:
-        super().__init__(
-            f"session '{session}' was already resumed by agent '{agent}' (epoch {epoch}) and that agent is live; "
-            "pass --take-over (take_over=True) to move the call anyway"
-        )
-        self.session, self.agent, self.epoch = session, agent, epoch
 
 
 RESUME_RETRY_SECONDS = 30.0

@@ -17,16 +17,16 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, make_event
-from calltape.eventstore.recorder import DurableAppendTimeout, Recorder
+from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
 from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
-from calltape.runtime.waits import Interrupted, PlayoutWaiters
+from calltape.runtime.waits import PlayoutWaiters
 
 log = logging.getLogger(__name__)
 

@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 
-from calltape.errors import CalltapeError
-
-
-class Interrupted(CalltapeError):
-    """The reply being waited on was interrupted (barge-in, API cancel, or a dropped call)."""
-
-    def __init__(self, reply: str | None, cause: str | None = None) -> None:
-        what = f"reply '{reply}'" if reply else "the reply"
-        super().__init__(f"{what} was interrupted" + (f" ({cause})" if cause else ""))
-        self.reply, self.cause = reply, cause
-        self.at = time.perf_counter()
-        """When the interruption was taken (to measure how fast waiters were released)."""
+from calltape.errors import Interrupted
 
 
 class PlayoutWaiters:

@@ -21,8 +21,9 @@ What a drop run does, deterministically whatever the machine's speed:
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
@@ -33,9 +34,36 @@ from calltape.runtime.tools import ToolRunner
 from calltape.runtime.toolspec import ToolBody
 from calltape.runtime.waits import PlayoutWaiters
 
-__all__ = ["DropHook", "started_calls"]
+__all__ = ["DropCarrier", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
 
 _OUTCOMES = frozenset({"tool.progress", "tool.result", "tool.cancelled"})
+
+
+class DropCarrier(Protocol):
+    """How a framework's scripted caller carries a drop over to the resumed call (the framework
+    runs the agent, so the framework's session is what is lost and started again)."""
+
+    def lose(self) -> None:
+        """The agent's process is lost, now: nothing its framework session does reaches the call any
+        more (the session is cut off from the call and closed)."""
+
+    async def carry_on(self, plan: ResumePlan) -> None:
+        """The call was resumed (``plan``; the call now writes at the new epoch): a new framework
+        session, seeded with the plan's context, takes the call on and the caller talks to it."""
+
+
+_CARRIERS: weakref.WeakKeyDictionary[CallSession, DropCarrier] = weakref.WeakKeyDictionary()
+
+
+def set_drop_carrier(call: CallSession, carrier: DropCarrier) -> None:
+    """Makes a drop of ``call`` (exploration's drop runs) lose the framework session ``carrier`` runs
+    and carry the call on on a new one after the resume."""
+    _CARRIERS[call] = carrier
+
+
+def carries_drops(call: CallSession) -> bool:
+    """Whether a framework caller of ``call`` carries drops over (:func:`set_drop_carrier`)."""
+    return call in _CARRIERS
 
 
 def started_calls(events: list[Event]) -> list[str]:
@@ -93,6 +121,7 @@ class DropHook:
         self._ended = False
         self._resumed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._carrier: DropCarrier | None = None
         folded = call._fold
 
         def fold(event: Event) -> None:
@@ -126,6 +155,9 @@ class DropHook:
         self._holding = self._lost = True
         call.runner.call = _Severed(call)
         call.playout.interrupt(None, "session.dropped")
+        self._carrier = _CARRIERS.get(call)
+        if self._carrier is not None:
+            self._carrier.lose()
         self._task = asyncio.ensure_future(self._drop_and_resume())
 
     async def _drop_and_resume(self) -> None:
@@ -147,6 +179,11 @@ class DropHook:
             held, self._held = self._held, []
             for event in held:  # what the scenario said meanwhile, now on the resumed call, in order
                 CallSession.emit(call, event.type, event.data, id=event.id)
+            if self._carrier is not None:
+                # the resume is done: the lost session's cut-off tool is answered on the resumed call
+                # (so the lost session can close) while a new session takes the call on
+                self._resumed.set()
+                await self._carrier.carry_on(self.plan)
         except BaseException as exc:  # reported as the run's problem; the scenario must not hang
             self.error = exc
             self._holding = False

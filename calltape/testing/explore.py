@@ -11,7 +11,9 @@ its own session in one private in-memory store; runs go concurrently. Every run 
 :func:`calltape.testing.invariant_violations` (the ``calltape check`` rules and the context
 invariants) and with the user's own assertions. The drop runs are
 :mod:`calltape.testing.dropresume`'s: the writer stops mid-tool, the session is resumed from the log
-and the scenario carries on on the resumed call.
+and the scenario carries on on the resumed call (a framework caller that registered itself with
+:func:`calltape.testing.dropresume.set_drop_carrier` loses its framework session at the drop and
+carries the call on on a new one).
 
 An agent on a real framework lands its barge-ins through the framework: its scripted caller registers
 itself with :func:`set_barge_in` (:class:`calltape.testing.pipecat.PipecatCaller` and
@@ -30,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calltape.checks import CheckOptions, Violation
+from calltape.errors import Interrupted
 from calltape.events import Event
 from calltape.eventstore import EventStore
-from calltape.runtime import CallSession, Interrupted, ToolSpec
+from calltape.runtime import CallSession, ToolSpec
 
 Scenario = Callable[[CallSession], Awaitable[None]]
 """The agent under test, driving one call."""
@@ -103,6 +106,8 @@ class Exploration:
 
     runs: list[Run]
     seconds: float
+    notes: list[str] = field(default_factory=list)
+    """What the exploration left out, and why (e.g. drop runs a framework caller cannot carry)."""
 
     @property
     def baseline(self) -> Run:
@@ -140,6 +145,8 @@ class _BargeIn:
         self.after: str | None = None
         self.landing: asyncio.Future[Any] | None = None
         self.types: list[str] = ["session.started"]
+        self.uncarried = False
+        """A framework caller lands barge-ins on this call but cannot carry a drop over."""
         original = call._fold
 
         def fold(event: Event) -> None:
@@ -177,10 +184,10 @@ async def _one_run(
     options: CheckOptions | None,
     tools: Mapping[str, ToolSpec] | None = None,
     drop: tuple[int, str] | None = None,
-) -> tuple[Run, list[str]]:
+) -> tuple[Run, _BargeIn]:
     from calltape.eventstore.recorder import Recorder
     from calltape.testing import invariant_violations
-    from calltape.testing.dropresume import DropHook
+    from calltape.testing.dropresume import DropHook, carries_drops
 
     run = Run(boundary=at, dropped=drop[1] if drop else None)
     recorder = Recorder(store)
@@ -211,6 +218,7 @@ async def _one_run(
                 run.problems.append(f"the drop and resume raised {type(dropping.error).__name__}")
         if not {"session.ended", "session.dropped"} & set(hook.types):
             await call.end("scenario finished")
+        hook.uncarried = call in _BARGE_INS and not carries_drops(call)
     finally:
         await recorder.close()
     run.after = hook.after if dropping is None else dropping.after
@@ -226,7 +234,7 @@ async def _one_run(
                 await result
         except AssertionError as exc:
             run.problems.append(f"assertion failed: {exc}" if str(exc) else "an assertion failed")
-    return run, hook.types
+    return run, hook
 
 
 async def explore(
@@ -237,11 +245,13 @@ async def explore(
     options: CheckOptions | None = None,
     concurrency: int = 16,
     tools: Mapping[str, ToolSpec] | None = None,
-    drops: bool = False,
+    drops: bool = True,
 ) -> Exploration:
-    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (with
-    ``drops=True``) once per tool call of the uninterrupted run with the call dropped and resumed while
+    """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (unless
+    ``drops=False``) once per tool call of the uninterrupted run with the call dropped and resumed while
     that tool runs. ``tools`` are the calls' tool specs (resume reads ``idempotent`` and ``reconcile``).
+    A framework caller that cannot carry a drop over to a new session gets no drop runs, and
+    :attr:`Exploration.notes` says so.
 
     Returns every run; call :meth:`Exploration.assert_ok` to fail a test on the first broken instant.
     """
@@ -269,9 +279,8 @@ async def _explore(
 ) -> Exploration:
     from calltape.testing.dropresume import started_calls
 
-    baseline, types = await _one_run(
-        store, scenario, None, agent=agent, assertions=checks, options=options, tools=tools
-    )
+    baseline, hook = await _one_run(store, scenario, None, agent=agent, assertions=checks, options=options, tools=tools)
+    types = hook.types
     boundaries = [
         k for k, kind in enumerate(types, start=1) if k > 1 and kind not in ("session.ended", "session.dropped")
     ]
@@ -290,7 +299,14 @@ async def _explore(
             return run
 
     calls = started_calls(baseline.events) if drops else []
+    notes: list[str] = []
+    if calls and hook.uncarried:
+        notes.append(
+            f"no drop runs ({len(calls)} tool call{'s' if len(calls) != 1 else ''} started): the scenario's "
+            "framework caller does not carry a drop over to a new session"
+        )
+        calls = []
     runs = await asyncio.gather(
         *(bounded(k) for k in boundaries), *(dropped(n, c) for n, c in enumerate(calls, start=1))
     )
-    return Exploration([baseline, *runs], time.perf_counter() - started)
+    return Exploration([baseline, *runs], time.perf_counter() - started, notes)

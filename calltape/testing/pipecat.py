@@ -33,7 +33,9 @@ from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any
 
-try:
+from calltape.extras import requires_extra
+
+with requires_extra("pipecat", "the Pipecat test harness (calltape.testing.pipecat)"):
     from pipecat.frames.frames import (
         EndFrame,
         Frame,
@@ -50,20 +52,16 @@ try:
         VADUserStartedSpeakingFrame,
         VADUserStoppedSpeakingFrame,
     )
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "calltape.testing.pipecat needs Pipecat: pip install 'calltape[pipecat]' (pipecat-ai>=1.10,<1.15)"
-    ) from exc
-from pipecat.pipeline.worker import PipelineWorker
-from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.services.llm_service import LLMService
-from pipecat.services.stt_service import STTService
-from pipecat.services.tts_service import TTSService
-from pipecat.transports.base_output import BaseOutputTransport
-from pipecat.transports.base_transport import BaseTransport, TransportParams
-from pipecat.utils.time import time_now_iso8601
-from pipecat.workers.runner import WorkerRunner
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.llm_service import LLMService
+    from pipecat.services.stt_service import STTService
+    from pipecat.services.tts_service import TTSService
+    from pipecat.transports.base_output import BaseOutputTransport
+    from pipecat.transports.base_transport import BaseTransport, TransportParams
+    from pipecat.utils.time import time_now_iso8601
+    from pipecat.workers.runner import WorkerRunner
 
 from calltape.adapters.pipecat import CalltapeObserver
 from calltape.runtime import CallSession

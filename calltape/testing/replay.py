@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from calltape.errors import RecordedToolError, UnrecordedCall
 from calltape.events import Event
 from calltape.eventstore import EventStore
 from calltape.eventstore.fork import fork_session
@@ -32,15 +33,6 @@ __all__ = ["Divergence", "RecordedCall", "RecordedToolError", "Replay", "ReplayA
 
 ReplayAgent = Callable[[CallSession, "RecordedCall"], Awaitable[None]]
 """The changed agent: drives the forked call from seq N on (a scripted caller fed from the record)."""
-
-
-class UnrecordedCall(Exception):
-    """The new agent called a tool with arguments the recorded call never used (or more often than it
-    did): the record has no output to answer with. The guarded runner gives the LLM ``{"error": …}``."""
-
-
-class RecordedToolError(Exception):
-    """Raised to reproduce a recorded tool error (``tool.result`` with ``error: true``)."""
 
 
 def _key(name: str, arguments: Any) -> tuple[str, bytes]:

@@ -11,12 +11,14 @@ from calltape.events import EVENT_TYPES, EventType
 from calltape.projections import FORMATS, ContextFormat, render
 
 EXPECTED = {
+    "AlreadyResumed",
     "CallSession",
     "Calltape",
     "CalltapeError",
     "ConcurrencyConflict",
     "ContextFold",
     "ContextFormat",
+    "DurableAppendTimeout",
     "Event",
     "EventStore",
     "EventType",
@@ -24,19 +26,23 @@ EXPECTED = {
     "FencedWrite",
     "Interrupted",
     "InvalidEvent",
+    "InvalidInstant",
     "Recorder",
+    "RecorderClosed",
     "RecorderFull",
     "RecorderSpilled",
     "ResumePlan",
     "Resumed",
     "SchemaOutdated",
+    "SessionErased",
     "SessionInfo",
     "SessionNotFound",
     "SessionTape",
     "StoreUnavailable",
+    "TenantRefused",
     "ToolOutcome",
     "ToolSpec",
-    "__version__",
+    "UnknownFormat",
     "build_context",
     "connect",
     "handoff",
@@ -47,6 +53,7 @@ EXPECTED = {
     "render",
     "resume",
     "upgrade",
+    "__version__",
 }
 
 

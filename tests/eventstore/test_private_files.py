@@ -23,8 +23,9 @@ async def test_a_new_embedded_store_is_private(tmp_path: Path, session_id: str) 
         store = await open_store(f"sqlite:///{home}/calltape.db")
         try:
             await store.append([started(session_id)])
+            await store.erase(session_id)  # creates the erasure counter subscriptions watch
             assert mode(home) == 0o700
-            for name in ("calltape.db", "calltape.db-wal", "calltape.db-shm"):
+            for name in ("calltape.db", "calltape.db-wal", "calltape.db-shm", "calltape.db-erasures"):
                 assert mode(home / name) == 0o600, name
         finally:
             await store.close()

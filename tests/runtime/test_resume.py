@@ -446,6 +446,24 @@ async def test_resume_twice_raises_the_epoch_each_time(store: EventStore, store_
         await assert_resumed(store, store_url, session_id, plan, old_epoch=2, zombie=second)
 
 
+def _plan_both_before_either_appends(*stores: EventStore) -> None:
+    """Holds each store's first append until every racer has made its plan.
+
+    Without it a loaded machine can run one resume to the end before the other reads the log; the
+    second then sees a finished resume and takes the call over (``take_over=True``, as an operator
+    moving a call would), which is not the race this test is about."""
+    barrier = asyncio.Barrier(len(stores))
+    for store in stores:
+        first_append = store.append
+
+        async def gated(events: Any, *, _append: Any = first_append, _store: Any = store, **kwargs: Any) -> Any:
+            _store.append = _append  # only the first append waits: a re-plan goes straight through
+            await barrier.wait()
+            return await _append(events, **kwargs)
+
+        store.append = gated  # type: ignore[method-assign]
+
+
 async def test_two_agents_racing_to_resume_exactly_one_wins(store_url: str, session_id: str) -> None:
     stores = [await open_store(store_url) for _ in range(3)]
     try:
@@ -454,6 +472,7 @@ async def test_two_agents_racing_to_resume_exactly_one_wins(store_url: str, sess
             async with live_call(stores[0], sid) as zombie:
                 point = await mid_tool_unknown(zombie, stores[0])
                 await zombie.recorder.flush()
+                _plan_both_before_either_appends(stores[1], stores[2])
                 results = await asyncio.gather(
                     resume(stores[1], sid, "agent-a"), resume(stores[2], sid, "agent-b"), return_exceptions=True
                 )

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from calltape import CallSession, ToolSpec
+from calltape.testing.dropresume import started_calls
 from calltape.testing.explore import Run, explore
 
 BOOKINGS: list[dict[str, Any]] = []
@@ -85,8 +86,11 @@ async def test_the_guarded_agent_passes_every_boundary() -> None:
     started = time.perf_counter()
     exploration = await explore(guarded_agent, assertions=no_booking_for_a_cancelled_turn)
     exploration.assert_ok()
-    # one run per event boundary of the uninterrupted run (session.started and session.ended aside)
-    assert len(exploration.runs) == 1 + len(exploration.baseline.events) - 2
+    # one run per event boundary of the uninterrupted run (session.started and session.ended aside),
+    # and one drop and resume per tool call that started
+    calls = started_calls(exploration.baseline.events)
+    assert len(exploration.runs) == 1 + len(exploration.baseline.events) - 2 + len(calls)
+    assert [r.dropped for r in exploration.runs if r.dropped] == calls != []
     assert any(r.interrupted or r.boundary for r in exploration.runs[1:])
     assert time.perf_counter() - started < 60
 

@@ -171,7 +171,7 @@ async def test_one_drop_run_per_started_call_and_none_when_disabled() -> None:
     assert [r.dropped for r in drop_runs(exploration.runs)] == ["c1", "c2"]
     barge_ins = [r for r in exploration.runs[1:] if r.dropped is None]
     assert len(barge_ins) == len(exploration.baseline.events) - 2
-    without = await explore(two_tools)
+    without = await explore(two_tools, drops=False)
     assert drop_runs(without.runs) == [] and len(without.runs) == len(exploration.runs) - 2
 
 

@@ -14,7 +14,7 @@ from livekit.agents import RunContext
 from livekit.agents.voice import SpeechHandle
 
 from calltape.adapters.livekit.tap import interrupt_cause, tap_of
-from calltape.runtime import Interrupted
+from calltape.errors import Interrupted
 
 __all__ = ["wait_for_playout"]
 

@@ -111,6 +111,8 @@ class LiveKitTap:
         """STT gave something since the agent's last reply began: a committed turn is spoken."""
         self._user_speaking = False
         self._agent: str | None = None
+        self._speaking: str | None = None
+        """The reply whose speech the agent state last reported playing."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._handlers: list[tuple[str, Callable[[Any], None]]] = [
             ("user_input_transcribed", self._on_transcribed),
@@ -238,6 +240,8 @@ class LiveKitTap:
             self._track(ev.speech_handle)
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.old_state == "speaking" and ev.new_state != "speaking":
+            self._end_interrupted_speech()
         if ev.new_state == "listening" and ev.old_state == "speaking" and not self._user_speaking:
             if self._user_finals:
                 # the user spoke while the agent did and LiveKit took no turn of it
@@ -248,7 +252,20 @@ class LiveKitTap:
         sp = self._speech(self.session.current_speech)
         if sp is None:
             return
-        self.replies.speech_started(self._open_step(sp))
+        self._speaking = self._open_step(sp)
+        self.replies.speech_started(self._speaking)
+
+    def _end_interrupted_speech(self) -> None:
+        """The agent stopped speaking: an interrupted reply's speech ends here, when its audio stopped.
+
+        LiveKit adds an interrupted reply's message (which carries what was heard, and ends the speech
+        in :meth:`_on_assistant_message`) only when some of its text was forwarded; cut before its first
+        words, the speech would otherwise end only when the speech handle is done, after the reply's
+        tools (up to LiveKit's 5 s interruption timeout)."""
+        reply, self._speaking = self._speaking, None
+        st = self.replies.state(reply) if reply is not None else None
+        if reply is not None and st is not None and st.interrupted and st.speech_started:
+            self.replies.speech_ended(reply, interrupted=True)
 
     def _owner_of(self, call_id: str) -> _Speech | None:
         for sp in self._speeches.values():

@@ -22,12 +22,10 @@ One concept per module:
 
 from __future__ import annotations
 
-try:
+from calltape.extras import requires_extra
+
+with requires_extra("pipecat"):
     import pipecat.frames.frames  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "calltape.adapters.pipecat needs Pipecat: pip install 'calltape[pipecat]' (pipecat-ai>=1.10,<1.15)"
-    ) from exc
 
 from calltape.adapters.pipecat.attach import attach, modality_of
 from calltape.adapters.pipecat.live import reconcile_context

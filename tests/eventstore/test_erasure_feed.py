@@ -1,0 +1,86 @@
+"""Erasure against a reader that is mid-page (issue 16): a subscription fetches its events a page at a
+time; once a session is erased — by this process or by another one — the subscription hands out no
+more of that session's events, not even the ones it had already fetched."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from eventstore_support import started, text, texts
+
+from calltape.events import Event
+from calltape.eventstore import EventStore, FeedPosition, open_store
+
+
+async def _erase_in_another_process(url: str, session: str) -> None:
+    calltape = str(Path(sys.executable).with_name("calltape"))
+    proc = await asyncio.create_subprocess_exec(
+        calltape,
+        "--db",
+        url,
+        "delete",
+        session,
+        "--yes",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+
+
+async def _seed(store: EventStore, keep: str, victim: str) -> FeedPosition:
+    start = await store.head()
+    # One page holds both calls, the victim's events between the kept call's first and last.
+    await store.append([started(keep), text(keep, "first"), started(victim), *texts(victim, 6), text(keep, "last")])
+    return start
+
+
+@pytest.mark.parametrize("eraser", ["this process", "another process"])
+async def test_a_subscription_mid_page_hands_out_nothing_of_an_erased_session(
+    store_url: str, session_id: str, eraser: str
+) -> None:
+    keep, victim = f"{session_id}-keep", f"{session_id}-victim"
+    async with await open_store(store_url) as writer, await open_store(store_url) as reader:
+        start = await _seed(writer, keep, victim)
+        feed: AsyncIterator[tuple[FeedPosition, Event]] = reader.subscribe(start, poll_interval=0.05, batch=500)
+        got: list[Event] = []
+        try:
+            while not got or got[-1].data.get("text") != "first":  # the page is fetched: all in memory
+                _, event = await asyncio.wait_for(anext(feed), 20)
+                if event.session in (keep, victim):
+                    got.append(event)
+            before = len(got)
+            if eraser == "this process":
+                assert await writer.erase(victim) == 7  # another store: its own connection
+            else:
+                await _erase_in_another_process(store_url, victim)
+            while got[-1].data.get("text") != "last":
+                _, event = await asyncio.wait_for(anext(feed), 20)
+                if event.session in (keep, victim):
+                    got.append(event)
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+    assert [e.session for e in got[:before]] == [keep, keep]
+    assert [e.session for e in got[before:]] == [keep]  # not one of the victim's already-fetched events
+
+
+async def test_a_subscription_keeps_every_event_when_nothing_is_erased(store_url: str, session_id: str) -> None:
+    """The guard drops erased sessions only: an erase of an unrelated session costs the page nothing."""
+    keep, other, unrelated = f"{session_id}-keep", f"{session_id}-other", f"{session_id}-unrelated"
+    async with await open_store(store_url) as writer, await open_store(store_url) as reader:
+        await writer.append([started(unrelated)])
+        start = await _seed(writer, keep, other)
+        feed = reader.subscribe(start, poll_interval=0.05)
+        got: list[Event] = []
+        try:
+            got.append((await asyncio.wait_for(anext(feed), 20))[1])
+            await writer.erase(unrelated)
+            while got[-1].data.get("text") != "last":
+                got.append((await asyncio.wait_for(anext(feed), 20))[1])
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+    assert [e.session for e in got if e.session in (keep, other)] == [keep, keep, other, *[other] * 6, keep]
