@@ -42,9 +42,10 @@ LIVEKIT = _release()
 
 before_1_8 = pytest.mark.skipif(
     LIVEKIT < (1, 8),
-    reason="before 1.8 LiveKit drops the calls of an interrupted turn and never releases a tool at its cap",
+    reason="before 1.8 LiveKit neither releases a tool at its interruption cap nor reports an interrupted turn's calls",
 )
-"""Scenarios about what LiveKit does with a tool call its interrupted turn stopped waiting for."""
+"""Scenarios about what LiveKit 1.8 does with the calls of an interrupted turn (release at the cap,
+the error of an interrupted handoff)."""
 
 
 @dataclass

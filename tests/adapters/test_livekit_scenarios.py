@@ -266,7 +266,6 @@ def dangling_calls(chat_ctx: llm.ChatContext) -> list[str]:
     return bad
 
 
-@before_1_8
 async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(store: EventStore, session_id: str) -> None:
     runs: list[str] = []
 
