@@ -28,6 +28,7 @@ from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.runtime import CallSession, ToolSpec
+from calltape.testing.livekit import OfflineSpeaker
 
 
 def _release() -> tuple[int, int]:
@@ -311,46 +312,6 @@ class Phone(io.AudioInput):
         )
 
 
-class Speaker(io.AudioOutput):
-    """Plays what it is given in real time; a barge-in (``clear_buffer``) reports where playout was."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            label="speaker", next_in_chain=None, sample_rate=16000, capabilities=io.AudioOutputCapabilities(pause=False)
-        )
-        self._queued = 0.0
-        self._began: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
-        await super().capture_frame(frame)
-        self._queued += frame.duration
-        if self._began is None:
-            self._began = time.time()
-            self.on_playback_started(created_at=self._began)
-
-    def flush(self) -> None:
-        super().flush()
-        if not self._queued or self._began is None:
-            return
-        queued = self._queued
-        delay = max(0.0, queued - (time.time() - self._began))
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._finished, queued, False)
-
-    def clear_buffer(self) -> None:
-        if not self._queued or self._began is None:
-            return
-        self._finished(min(time.time() - self._began, self._queued), True)
-
-    def _finished(self, position: float, interrupted: bool) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._queued, self._began, self._timer = 0.0, None, None
-        self.on_playback_finished(playback_position=position, interrupted=interrupted, synchronized_transcript=None)
-
-
 class Screen(io.TextOutput):
     """Where the synchronized transcript goes (kept, for the tests to look at)."""
 
@@ -387,7 +348,7 @@ def voice_session(
         aec_warmup_duration=None,
         **options,
     )
-    phone, speaker = Phone(), Speaker()
+    phone, speaker = Phone(), OfflineSpeaker()
     sync = TranscriptSynchronizer(next_in_chain_audio=speaker, next_in_chain_text=Screen(), speed=1.0)
     session.input.audio = phone
     session.output.audio = sync.audio_output

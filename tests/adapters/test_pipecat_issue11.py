@@ -298,61 +298,11 @@ async def test_guard_refuses_a_tool_registered_before_it(call: CallSession) -> N
         guard(llm, call)
 
 
-async def test_a_direct_function_listed_in_the_context_runs_guarded(call: CallSession) -> None:
-    # Pipecat registers a direct function of LLMContext(tools=[...]) on its own, through a path
-    # that never reaches llm.register_function; under guard() it must run guarded all the same.
-    runs: list[str] = []
-
-    async def book(params: FunctionCallParams, slot: str) -> None:
-        """Books a slot.
-
-        Args:
-            slot: The time to book.
-        """
-        runs.append(params.tool_call_id)
-        await params.result_callback({"booked": slot})
-
-    llm = ScriptedLLM([[Call("book", "c1", {"slot": "9am"})], [Call("book", "c1", {"slot": "9am"})], [Say("Done.")]])
-    guard(llm, call)
-    bot = build_voice_bot(llm, tools=[book], observers=[CalltapeObserver(call)])
-    await bot.start()
-    await user_says(bot, "book me at nine")
-    await eventually(lambda: len(llm.received) == 3)
-    assert runs == ["c1"]  # the repeated call id was answered from the log, not run again
-    state = call.call_state("c1")
-    assert state is not None and state.started and state.status == "completed"
-    assert state.output == {"booked": "9am"}
-    await bot.cancel()
-
-
-async def test_guard_takes_pipecats_deprecated_register_direct_function(call: CallSession) -> None:
-    runs: list[str] = []
-
-    async def book(params: FunctionCallParams, slot: str) -> None:
-        """Books a slot.
-
-        Args:
-            slot: The time to book.
-        """
-        runs.append(slot)
-        await params.result_callback({"booked": slot})
-
-    llm = ScriptedLLM([[Call("book", "c1", {"slot": "9am"})], [Say("Done.")]])
-    guard(llm, call)
-    llm.register_direct_function(book)  # deprecated in Pipecat, still a way to register a tool
-    bot = build_voice_bot(llm, observers=[CalltapeObserver(call)])
-    await bot.start()
-    await user_says(bot, "book me at nine")
-    await eventually(lambda: len(llm.received) == 2)
-    assert runs == ["9am"]
-    state = call.call_state("c1")
-    assert state is not None and state.started and state.output == {"booked": "9am"}
-    await bot.cancel()
-
-
-async def test_a_direct_function_the_service_is_configured_with_runs_guarded(call: CallSession) -> None:
-    # A service holding its own tools (as the realtime services do) has Pipecat register them at
-    # start or at the first inference, never through llm.register_function.
+@pytest.mark.parametrize("way", ["context-tools", "service-tools", "register_direct_function"])
+async def test_a_direct_function_runs_guarded_however_pipecat_registers_it(way: str, call: CallSession) -> None:
+    # Pipecat registers the direct functions a context lists (or a service is configured with, as
+    # the realtime services are) on its own, through a path that never reaches
+    # llm.register_function; under guard() they run guarded all the same.
     runs: list[str] = []
 
     async def book(params: FunctionCallParams, slot: str) -> None:
@@ -366,17 +316,21 @@ async def test_a_direct_function_the_service_is_configured_with_runs_guarded(cal
 
     class ConfiguredLLM(ScriptedLLM):
         def _service_tools(self) -> list[Any]:
-            return [book]
+            return [book] if way == "service-tools" else []
 
-    llm = ConfiguredLLM([[Call("book", "c1", {"slot": "9am"})], [Call("book", "c1", {"slot": "9am"})], [Say("Done.")]])
+    llm = ConfiguredLLM([[Call("book", "c1", {"slot": "9am"})], [Call("book", "c1", {"slot": "9am"})], [Say("Ok.")]])
     guard(llm, call)
-    bot = build_voice_bot(llm, observers=[CalltapeObserver(call)])
+    if way == "register_direct_function":
+        llm.register_direct_function(book)  # deprecated in Pipecat, still a way to register a tool
+    tools = [book] if way == "context-tools" else None
+    bot = build_voice_bot(llm, tools=tools, observers=[CalltapeObserver(call)])
     await bot.start()
     await user_says(bot, "book me at nine")
     await eventually(lambda: len(llm.received) == 3)
-    assert runs == ["c1"]
+    assert runs == ["c1"]  # the repeated call id was answered from the log, not run again
     state = call.call_state("c1")
-    assert state is not None and state.started and state.output == {"booked": "9am"}
+    assert state is not None and state.started and state.status == "completed"
+    assert state.output == {"booked": "9am"}
     await bot.cancel()
 
 
