@@ -245,6 +245,39 @@ async def test_handoff_by_tool(store: EventStore, session_id: str) -> None:
 
 
 # -------------------------------------------------------------------------------------------------
+# Family: injected messages (upstream test_say, test_generate_reply with instructions / user_input)
+
+
+async def test_injected_greeting_instructions_and_typed_input(store: EventStore, session_id: str) -> None:
+    class Host(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You seat guests.")
+
+        async def on_enter(self) -> None:
+            self.session.say("Welcome to Luigi's.")  # a scripted line, no LLM
+            self.session.generate_reply(instructions="Ask for the caller's name.")  # an app's nudge
+            asyncio.get_running_loop().call_later(
+                3.4, lambda: self.session.generate_reply(user_input="Table for two.")  # typed, not spoken
+            )
+
+    script = [Utterance(1.8, 2.2, "Mario.")]
+    llm_ = ScriptedLLM([Step("What is your name?"), Step("Nice to meet you, Mario."), Step("Two it is.")])
+    session, _, native = await run_call(store, session_id, script, llm_, Host(), seconds=5.0)
+    assert livekit_turns(session.history) == [
+        ("assistant", "Welcome to Luigi's."),
+        ("assistant", "What is your name?"),
+        ("user", "Mario."),
+        ("assistant", "Nice to meet you, Mario."),
+        ("user", "Table for two."),
+        ("assistant", "Two it is."),
+    ]
+    assert calltape_turns(native) == livekit_turns(session.history)
+    # the nudge is an instruction for one generation, not a message of either context
+    assert not any("Ask for the caller" in str(i.get("content")) for i in native["items"])
+    assert native["clean"]
+
+
+# -------------------------------------------------------------------------------------------------
 # Live reconciliation (issue 11): a guarded `finish` tool landing after a barge-in
 
 
