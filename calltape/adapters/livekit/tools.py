@@ -89,6 +89,8 @@ def _outcome_message(outcome: ToolOutcome) -> str:
         output = outcome.output
         detail = output.get("error") if isinstance(output, dict) else output
         return str(detail) if detail else "the tool failed"
+    if outcome.status == "unknown" and outcome.ran:  # a cancel-policy body cut by the barge-in
+        return "the tool call was cancelled by the interruption; whether it took effect is unknown"
     return {
         "timeout": "the tool timed out",
         "cancelled": "the tool call was cancelled",
