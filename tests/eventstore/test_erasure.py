@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from eventstore_support import at_revision, started, text
+from eventstore_support import at_revision, started, text, texts
 
 from calltape.errors import SessionErased, SessionNotFound
 from calltape.events import make_event
@@ -89,6 +89,41 @@ async def test_prune_by_age_and_status(store: EventStore, session_id: str) -> No
     assert await store.session_info(old_active) is not None  # not ended: kept by --status ended
     everything = await prune(store, before_ms=cutoff)
     assert everything.sessions == 1 and await store.session_info(new) is not None
+
+
+async def test_erase_in_steps_removes_everything_and_counts_every_event(store: EventStore, session_id: str) -> None:
+    """Retention's erasure (on SQLite in transactions of at most ``step`` events): nothing stays, the
+    tombstone counts every event, and a late write is refused as after any erasure."""
+    await store.append([started(session_id), *texts(session_id, 1232)])
+    await snapshot_now(store, session_id)
+    assert await store.erase_in_steps(session_id, 500) == 1233
+    assert await store.read(session_id) == [] and await store.session_info(session_id) is None
+    assert await store.load_snapshot(session_id, 1) is None and await store.load_snapshot(session_id, 2) is None
+    assert (await store.tombstone(session_id)).events == 1233  # type: ignore[union-attr]
+    with pytest.raises(SessionErased):
+        await store.append([text(session_id, "late")])
+    assert await store.erase_in_steps(session_id, 500) == 0
+    with pytest.raises(SessionNotFound):
+        await store.erase_in_steps(f"{session_id}-never", 500)
+
+
+async def test_a_live_append_gets_in_between_the_steps_of_an_sqlite_erasure(tmp_path: Path, session_id: str) -> None:
+    """SQLite has one write lock: a long call erased by retention must not hold it from start to end."""
+    url, live_call = f"sqlite:///{tmp_path}/calls.db", f"{session_id}-live"
+    async with await open_store(url) as pruner, await open_store(url) as live:
+        await pruner.append([started(session_id), *texts(session_id, 7999)])
+        await live.append([started(live_call)])
+        erasing = asyncio.create_task(pruner.erase_in_steps(session_id, 500))
+        for _ in range(60_000):  # until a step has committed, not the whole erasure
+            if 0 < len(await live.read(session_id)) < 8000:
+                break
+            await asyncio.sleep(0.001)
+        else:
+            raise AssertionError("the erasure never showed a part done")
+        await live.append([text(live_call, "while the erasure runs")])
+        assert not erasing.done()
+        assert await erasing == 8000
+        assert [e.seq for e in await live.read(live_call)] == [1, 2]
 
 
 def test_cli_delete_then_reimport_is_refused_and_writes_nothing(tmp_path: Path) -> None:
