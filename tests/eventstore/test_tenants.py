@@ -274,23 +274,28 @@ async def test_erasure_and_tombstones_stay_with_the_tenant(tenant_a, ids, urls):
         assert len(await operator.read(ids["b"])) == 2
 
 
-async def test_a_subscription_hands_out_only_the_tenants_events(tenant_a, ids, urls):
-    start = await tenant_a.head()
+async def sessions_followed(store: EventStore, operator_url: str, ids: dict[str, str], last: str) -> list[str]:
+    """The sessions a subscription of ``store`` hands out while the operator writes to each of the three
+    sessions, ``ids[last]``'s (the text "last") at the end."""
+    start = await store.head()
     got: list[str] = []
 
     async def follow() -> None:
-        async for _, event in tenant_a.subscribe(start, poll_interval=0.05):
+        async for _, event in store.subscribe(start, poll_interval=0.05):
             got.append(event.session)
             if event.data.get("text") == "last":
                 return
 
     task = asyncio.create_task(follow())
-    async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
-        await operator.append([text(ids["b"], "globex only")])
-        await operator.append([text(ids["none"], "nobody's")])
-        await operator.append([text(ids["a"], "last")])
+    async with await open_store(operator_url, tenant=ALL_TENANTS) as operator:
+        for key in [*sorted({"a", "b", "none"} - {last}), last]:
+            await operator.append([text(ids[key], "last" if key == last else "someone else's")])
     await asyncio.wait_for(task, 20)
-    assert got == [ids["a"]]
+    return got
+
+
+async def test_a_subscription_hands_out_only_the_tenants_events(tenant_a, ids, urls):
+    assert await sessions_followed(tenant_a, urls[0], ids, "a") == [ids["a"]]
 
 
 async def test_listen_wakes_a_tenant_only_for_its_own_commits(pg_url, app_role, ids):
@@ -391,22 +396,7 @@ async def test_a_subscription_without_a_tenant_hands_out_only_sessions_without_o
     operator_url, url = untenanted_urls
     await seed(operator_url, ids)
     async with await open_store(url) as store:
-        start = await store.head()
-        got: list[str] = []
-
-        async def follow() -> None:
-            async for _, event in store.subscribe(start, poll_interval=0.05):
-                got.append(event.session)
-                if event.data.get("text") == "last":
-                    return
-
-        task = asyncio.create_task(follow())
-        async with await open_store(operator_url, tenant=ALL_TENANTS) as operator:
-            await operator.append([text(ids["a"], "acme only")])
-            await operator.append([text(ids["b"], "globex only")])
-            await operator.append([text(ids["none"], "last")])
-        await asyncio.wait_for(task, 20)
-    assert got == [ids["none"]]
+        assert await sessions_followed(store, operator_url, ids, "none") == [ids["none"]]
 
 
 async def test_every_tenant_is_an_explicit_choice_of_the_operator(untenanted_urls, ids):
