@@ -15,6 +15,7 @@ from eventstore_support import at_revision, started, text, texts
 from calltape.errors import SessionErased, SessionNotFound
 from calltape.events import make_event
 from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.bulk import ImportRefused, bulk_import
 from calltape.eventstore.recorder import Recorder
 from calltape.eventstore.retention import prune
 from calltape.migrations import head_revision
@@ -48,6 +49,17 @@ async def test_an_erased_session_cannot_come_back(store: EventStore, session_id:
         await store.append([started(neighbour), text(session_id, "late webhook")])
     assert await store.session_info(neighbour) is None
     assert await store.read(session_id) == []
+
+
+async def test_a_reimport_or_a_replayed_spill_file_cannot_bring_it_back(store: EventStore, session_id: str) -> None:
+    """An old export or a spill file (both JSONL, replayed by ``calltape import``) of an erased session."""
+    old = await store.append([started(session_id), text(session_id, "my card is 4242")])
+    await store.erase(session_id)
+    with pytest.raises((SessionErased, ImportRefused)) as info:
+        async with bulk_import(store) as replay:
+            await replay.add(old)
+    assert "erased" in str(info.value)
+    assert await store.read(session_id) == [] and await store.session_info(session_id) is None
 
 
 async def test_the_recorder_sends_an_erased_sessions_events_to_on_rejected(store: EventStore, session_id: str) -> None:
