@@ -5,8 +5,8 @@ the summary go, and a tombstone (id, time, event count, no content) stays, so a 
 late webhook or a re-import of an old export cannot bring the session back. Pruning erases the sessions
 whose last event is older than a cutoff one by one, so no transaction ever holds more than one
 session's rows and live appends to other sessions are never held up for long. On SQLite, where every
-writer waits on the one database lock, a transaction holds at most :data:`STEP` events
-(:meth:`EventStore.erase_in_steps`), and the prune rests after each as long as it held the lock.
+writer waits on the one database lock, a transaction holds at most :data:`STEP` events however long the
+call (:meth:`EventStore.erase_in_steps`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from calltape.eventstore.store import EventStore
 
-STEP = 500
+STEP = 2000
 """Events per transaction when a prune erases on SQLite (the newest first; the last step goes with the
-summary and the tombstone in one transaction)."""
+summary and the tombstone in one transaction). Steps of 500 with rests between them measured no better
+under load (bench/README.md)."""
 
 PruneStatus = str
 """``ended``, ``dropped`` or ``any``."""

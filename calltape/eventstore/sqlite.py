@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -205,9 +204,6 @@ _TRIM = Query(
 )
 """Deletes a session's newest ``step`` events: what stays visible meanwhile is a prefix of the call."""
 
-MAX_REST = 0.05
-"""The longest rest between two steps of an erasure in steps (seconds)."""
-
 
 def _feed_of(tenant: ColumnElement[bool]) -> Query:
     """The feed of the sessions whose tenant matches (a store that calltape keeps to its tenant)."""
@@ -342,20 +338,16 @@ class SqliteEventStore(SqlEventStore):
             )
 
     async def erase_in_steps(self, session: str, step: int) -> int:
-        # Every writer of the file waits on one lock, and SQLite's busy handler does not queue them: a
-        # transaction that deletes a long call, then the next one, would keep a live recorder waiting.
-        # So: at most ``step`` rows per transaction, and after each a rest as long as it held the lock.
+        # Every writer of the file waits on one lock: a transaction deleting a long call in one go would
+        # keep a live recorder waiting for all of it. So at most ``step`` rows per transaction, the lock
+        # released between them (a count, a read, comes first: live writers get their turn meanwhile).
         trimmed = 0
         visible = not await self._hidden(session)  # another tenant's: erase refuses it below
-        while visible and (await self._fetch(_COUNT, session=session))[0][0] > step:  # a read: no lock
-            began = time.monotonic()
+        while visible and (await self._fetch(_COUNT, session=session))[0][0] > step:
             async with self._db(write=True) as db:
                 trimmed += await db.execute(_TRIM, session=session, step=step)
-            await asyncio.sleep(min(time.monotonic() - began, MAX_REST))
-        began = time.monotonic()
-        count = await self._erase(session, trimmed)
-        await asyncio.sleep(min(time.monotonic() - began, MAX_REST))
-        return count
+            await asyncio.sleep(0)
+        return await self._erase(session, trimmed)
 
     async def _erased(self, sessions: set[str]) -> set[str]:
         rows = await self._fetch(_SESSIONS_IN, sessions=orjson.dumps(sorted(sessions)).decode())

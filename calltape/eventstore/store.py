@@ -246,8 +246,8 @@ class EventStore(ABC):
     async def erase_in_steps(self, session: str, step: int) -> int:
         """Erases like :meth:`erase`, for retention: a store whose writers all wait on one lock (SQLite)
         first deletes the session's newest events ``step`` at a time, each in a transaction of its own,
-        resting between them so live appends get the lock, and erases the last ``step`` with the summary
-        in one transaction. Elsewhere it is :meth:`erase`."""
+        so live appends get the lock between them, and erases the last ``step`` with the summary in one
+        transaction. Elsewhere it is :meth:`erase`."""
         return await self.erase(session)
 
     @abstractmethod
