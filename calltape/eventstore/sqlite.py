@@ -245,7 +245,8 @@ def bump_erasures(path: str) -> None:
 
 
 class SqliteWaiter(SleepWaiter):
-    """Polls (SQLite cannot notify), and watches the database's erasure counter file."""
+    """Polls (SQLite cannot notify), and watches the database's erasure counter file. It never creates
+    the file (a reader creates nothing): until the first erase does, the count is 0."""
 
     def __init__(self, counter: str | None) -> None:
         self._counter = counter
@@ -253,22 +254,32 @@ class SqliteWaiter(SleepWaiter):
         self._blind = 0
 
     async def ready(self) -> None:
-        """Opens the counter file (creating it, owner-only, if no erase has yet)."""
-        if self._counter is None or self._fd is not None:
-            return
-        try:
-            self._fd = _open_counter(self._counter)
-        except OSError as exc:
-            log.warning("subscription: cannot watch for erasures (%s); checking before every event", exc.strerror)
+        """Opens the counter file if an erase has created it."""
+        self._open()
+
+    def _open(self) -> bool:
+        if self._fd is None and self._counter is not None:
+            try:
+                self._fd = os.open(self._counter, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                if not self._blind:
+                    log.warning("subscription: cannot watch for erasures (%s); checking every event", exc.strerror)
+                self._blind += 1
+                return False
+        return self._fd is not None
 
     def erasures(self) -> int:
-        """The counter file's value; without the file, a new number every call (so every event is checked)."""
-        if self._fd is not None:
-            return int.from_bytes(os.pread(self._fd, 8, 0), "little")
-        if self._counter is None:
-            return 0  # an in-memory database: only this process can erase, and it counts for itself
-        self._blind += 1
-        return -self._blind
+        """The counter file's value: 0 while there is none; without access, a new number every call (so
+        every event is checked)."""
+        if self._fd is None and not self._open():
+            if self._blind:
+                self._blind += 1
+                return -self._blind
+            return 0  # no erase yet (or an in-memory database: only this process erases, and counts it)
+        assert self._fd is not None
+        return int.from_bytes(os.pread(self._fd, 8, 0), "little")
 
     async def close(self) -> None:
         """Closes the counter file."""
