@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import selectors
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -411,50 +409,3 @@ def calltape_calls(native: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     outputs = [i for i in native["items"] if i["type"] == "function_call_output"]
     assert sorted(o["call_id"] for o in outputs) == sorted(names), "every call has exactly one output"
     return {o["call_id"]: (names[o["call_id"]], o["output"]) for o in outputs}
-
-
-# -------------------------------------------------------------------------------------------------
-# A virtual-time event loop like the one LiveKit's own tests run on
-
-
-class JumpingClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock stands still while it works and, when it has nothing ready, jumps
-    straight to its next timer (how LiveKit's virtual-time test loop runs a scripted call in no
-    wall time). Work done off the loop (a database thread, a socket) does not hold the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        super().__init__(selector=_JumpingSelector(self))
-
-    def time(self) -> float:
-        return self.now
-
-
-class _JumpingSelector(selectors.BaseSelector):
-    def __init__(self, loop: JumpingClockLoop) -> None:
-        self._loop = loop
-        self._real = selectors.DefaultSelector()
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.modify(fileobj, events, data)
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = self._real.select(0)
-        if ready or timeout == 0:
-            return ready
-        if timeout is None:
-            return self._real.select(None)  # nothing scheduled: wait for a wakeup from a thread
-        self._loop.now += timeout  # idle: jump to the next timer
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return self._real.get_map()
-
-    def close(self) -> None:
-        self._real.close()
