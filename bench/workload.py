@@ -114,8 +114,7 @@ def call_steps(seed: int, *, agent: str = "support", tools: float = 0.25, interr
         {
             "agent": agent,
             "instructions": "You are a helpful phone agent for Acme. Be brief.",
-            "modality": "voice",
-            "tenant": "acme",
+            "modality": "voice",  # no tenant: the benches' stores declare none (SPEC section 6)
             "framework": "bench",
         },
     )

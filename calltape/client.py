@@ -163,7 +163,11 @@ class Calltape:
         metadata: Mapping[str, Any] | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
     ) -> CallSession:
-        """Starts a new call (``session.started`` is committed when this returns) and returns it."""
+        """Starts a new call (``session.started`` is committed when this returns) and returns it.
+
+        ``tenant`` must agree with the store (SPEC section 6): a store opened for a tenant gives the call its
+        own, one without a tenant starts only calls without one (``TenantRefused`` otherwise), one opened
+        for every tenant (``"*"``) starts a call of any tenant."""
         from calltape.runtime import CallSession
 
         call = await CallSession.start(

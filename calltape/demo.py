@@ -101,7 +101,6 @@ class _Demo:
                 self.session,
                 agent="concierge-v1",
                 instructions=INSTRUCTIONS,
-                tenant="luigis",
                 framework="demo",
                 tools=tools,
             )

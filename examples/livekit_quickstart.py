@@ -15,49 +15,13 @@ import json
 import tempfile
 from typing import Any
 
-from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+from livekit.agents import Agent, AgentSession, RunContext, function_tool
 
 from calltape.adapters.livekit import attach, guarded, rehydrate
 from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
 from calltape.runtime import CallSession
-
-
-class ScriptedLLM(llm.LLM[Any]):
-    """Answers each request with the next scripted (text, tool calls) step."""
-
-    def __init__(self, steps: list[tuple[str, list[tuple[str, str, dict[str, Any]]]]]) -> None:
-        super().__init__()
-        self.steps = steps
-
-    def chat(
-        self,
-        *,
-        chat_ctx: llm.ChatContext,
-        tools: list[llm.Tool] | None = None,
-        conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS,
-        parallel_tool_calls: NotGivenOr[bool] = NOT_GIVEN,
-        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
-        extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
-    ) -> llm.LLMStream:
-        text, calls = self.steps.pop(0) if self.steps else ("", [])
-        return _Stream(self, text, calls, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
-
-
-class _Stream(llm.LLMStream):
-    def __init__(self, owner: ScriptedLLM, text: str, calls: list[tuple[str, str, dict[str, Any]]], **kw: Any):
-        super().__init__(owner, **kw)
-        self._text, self._calls = text, calls
-
-    async def _run(self) -> None:
-        if self._text:
-            self._event_ch.send_nowait(
-                llm.ChatChunk(id="r", delta=llm.ChoiceDelta(role="assistant", content=self._text))
-            )
-        if self._calls:
-            tool_calls = [llm.FunctionToolCall(name=n, arguments=json.dumps(a), call_id=c) for c, n, a in self._calls]
-            self._event_ch.send_nowait(llm.ChatChunk(id="r", delta=llm.ChoiceDelta(tool_calls=tool_calls)))
+from calltape.testing.livekit import Call, Say, ScriptedLLM  # offline stand-in for the LLM service
 
 
 class Concierge(Agent):
@@ -76,7 +40,7 @@ async def main() -> None:
     store = await open_store(f"sqlite:///{tempfile.mkdtemp()}/calltape.db")
     recorder = await Recorder(store).start()
     session: AgentSession[Any] = AgentSession(
-        llm=ScriptedLLM([("One moment.", [("call_1", "book", {"when": "7pm"})]), ("Parking is free.", [])])
+        llm=ScriptedLLM([[Say("One moment."), Call("book", "call_1", {"when": "7pm"})], [Say("Parking is free.")]])
     )
 
     agent = Concierge()

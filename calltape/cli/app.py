@@ -23,7 +23,7 @@ from calltape.cli import log as log_cmds
 from calltape.cli import redact as redact_cmds
 from calltape.cli import timeline as timeline_cmds
 from calltape.cli.common import CliState, err
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, CliError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -76,10 +76,19 @@ def _root(
             metavar="NAME",
             help="Open the store for one tenant: every command sees and writes only that tenant's sessions "
             "(default $CALLTAPE_TENANT). On PostgreSQL the database enforces it (row-level security; connect as "
-            "a role prepared by `db upgrade --grant ROLE`); on SQLite, one file per deployment, calltape filters.",
+            "a role prepared by `db upgrade --grant ROLE`); on SQLite, one file per deployment, calltape filters. "
+            "Without a tenant, commands see only the sessions that have none.",
             show_default=False,
         ),
     ] = None,
+    all_tenants: Annotated[
+        bool,
+        typer.Option(
+            "--all-tenants",
+            help="Open the store for every tenant (the operator's: prune, delete, export across tenants; "
+            "same as CALLTAPE_TENANT='*'). On PostgreSQL it needs a superuser or BYPASSRLS role.",
+        ),
+    ] = False,
     version: Annotated[
         bool,
         typer.Option(
@@ -88,6 +97,12 @@ def _root(
     ] = False,
 ) -> None:
     ctx.obj = CliState(db=db)
+    if all_tenants:
+        from calltape.eventstore.tenancy import ALL_TENANTS
+
+        if tenant is not None:
+            raise CliError("--tenant and --all-tenants exclude each other: give one")
+        tenant = ALL_TENANTS
     if tenant is not None:
         # Every store this process opens (commands, `serve`, `tail`) reads it there, as from the shell.
         from calltape.eventstore.tenancy import ENV_TENANT

@@ -81,7 +81,7 @@ class BulkImport:
         given = events
         if self._redactor is not None:  # redaction on write covers imports too (SPEC: the raw value never lands)
             events = self._redactor.events(events)
-        events = admit(events, self._writer.tenant)
+        events = admit(events, self._writer.tenant, self._writer.everyone)
         batch_sessions = {e.session for e in events}
         self.counts.sessions.update(batch_sessions)
         fresh = sorted(batch_sessions - self._rows.keys())
@@ -161,7 +161,7 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
                         raise
                     await asyncio.sleep(0.1)
             try:
-                writer = SqliteWriter(SqliteDb(conn), store.tenant)
+                writer = SqliteWriter(SqliteDb(conn), store.tenant, store.all_tenants)
                 sqlite_import = BulkImport(writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 try:
                     yield sqlite_import
@@ -179,7 +179,7 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
         assert driver is not None
         try:
             async with driver.transaction():
-                pg_writer = PgWriter(driver, tenant=store.tenant, copy_in=_copy_in(store))
+                pg_writer = PgWriter(driver, tenant=store.tenant, copy_in=_copy_in(store), everyone=store.all_tenants)
                 pg_import = BulkImport(pg_writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 yield pg_import
                 await pg_import.finish()
@@ -198,8 +198,8 @@ async def stored_keys(store: EventStore, keys: Sequence[tuple[str, str]]) -> set
         raise CalltapeError(f"bulk import is not available for a {type(store).__name__}")
     async with translate_errors(store.url), engine.connect() as sa_conn:
         if store.dialect == "sqlite":
-            return await SqliteWriter(SqliteDb(sa_conn), store.tenant).stored_keys(keys)
+            return await SqliteWriter(SqliteDb(sa_conn), store.tenant, store.all_tenants).stored_keys(keys)
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        return await PgWriter(driver, tenant=store.tenant).stored_keys(keys)
+        return await PgWriter(driver, tenant=store.tenant, everyone=store.all_tenants).stored_keys(keys)

@@ -89,6 +89,9 @@ def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
             poolclass=AsyncAdaptedQueuePool,
             pool_size=1,
             max_overflow=0,
+            # waiting for the one connection is the design, not a fault: no 30 s give-up (on a
+            # virtual-time test loop that timer fires as soon as the loop idles on the SQLite thread)
+            pool_timeout=86400,
             json_serializer=dumps_data,
             json_deserializer=orjson.loads,
         )
@@ -185,9 +188,15 @@ async def open_store(
     ``tenant`` (default ``$CALLTAPE_TENANT``; ``""`` for none) opens the store for one tenant: it sees and
     writes only that tenant's sessions. On PostgreSQL the database enforces it (row-level security), and a
     role that bypasses row-level security is refused; on SQLite calltape filters (see :mod:`.tenancy`).
+    Without a tenant the store sees and writes only the sessions that have none. ``tenant="*"``
+    (:data:`~.tenancy.ALL_TENANTS`) opens it for every tenant: the operator's, on PostgreSQL only for a
+    role that bypasses row-level security.
     """
     resolved = resolve_url(url)
     tenant = tenancy.resolve_tenant(tenant)
+    everyone = tenant == tenancy.ALL_TENANTS
+    if everyone:
+        tenant = None
     sqlite = make_url(resolved).get_backend_name() == "sqlite"
     engine = create_engine(resolved, tenant=tenant)
     try:
@@ -200,6 +209,11 @@ async def open_store(
                         "the PostgreSQL role of this connection bypasses row-level security, so it cannot be "
                         f"held to tenant '{tenant}': connect as a role prepared with "
                         "`calltape db upgrade --grant ROLE`"
+                    )
+                if everyone and not sqlite and not bypasses:
+                    raise CalltapeError(
+                        "row-level security holds the PostgreSQL role of this connection to one tenant at a "
+                        "time, so it cannot see every tenant: connect as a superuser or a BYPASSRLS role"
                     )
             head = HEAD
             if current != head:
@@ -224,6 +238,8 @@ async def open_store(
     else:
         store = PostgresEventStore(engine, resolved)
         store.copy_in = bypasses
+        store.held_by_rls = not bypasses
     store.tenant = tenant
+    store.all_tenants = everyone
     store.redactor = redactor if redactor is not None else Redactor.parse(os.environ.get(ENV_REDACT))
     return store

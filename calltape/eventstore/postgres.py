@@ -25,7 +25,15 @@ from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
-from calltape.eventstore.tenancy import CHANNEL, ERASED, NOTIFY_TENANTS, admit, channel, tenant_settings
+from calltape.eventstore.tenancy import (
+    CHANNEL,
+    ERASED,
+    NOTIFY_TENANTS,
+    admit,
+    channel,
+    refuse_foreign,
+    tenant_settings,
+)
 from calltape.eventstore.writer import AppendWriter, Key
 
 
@@ -106,8 +114,12 @@ _FEED = f"""
 SELECT txid::text::bigint AS txid, pos, {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events
 WHERE (txid, pos) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot())
   AND ($4::text IS NULL OR session = $4)
+  AND ($5::text IS NULL OR EXISTS (
+      SELECT 1 FROM ct_sessions s WHERE s.session = ct_events.session AND coalesce(s.tenant, '') = $5))
 ORDER BY txid, pos LIMIT $3
 """
+"""``$5``: the tenant calltape keeps the feed to (``''``: none) for a role that row-level security does not
+hold; NULL when the database keeps it (or for a store opened for every tenant)."""
 
 
 class _StoredDuplicate(Exception):
@@ -155,14 +167,20 @@ class _PgDb(Db):
 class PgWriter(AppendWriter):
     """The append's steps on PostgreSQL: arrays in, COPY for the rows."""
 
-    def __init__(self, conn: asyncpg.Connection, *, tenant: str | None = None, copy_in: bool = True) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, *, tenant: str | None = None, copy_in: bool = True, everyone: bool = False
+    ) -> None:
         self.conn = conn
         self.tenant = tenant
         self.copy_in = copy_in
         """PostgreSQL refuses COPY FROM to a role held by row-level security: such a role INSERTs."""
+        self.everyone = everyone
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
-        return {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions, self.tenant)}
+        rows = {r[0]: to_session_info(r) for r in await self.conn.fetch(_LOCK_SESSIONS, sessions, self.tenant)}
+        # Row-level security refuses another tenant's rows before this; a role that bypasses it is held here.
+        refuse_foreign(rows.values(), self.tenant, self.everyone)
+        return rows
 
     async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
         rows = await self.conn.fetch(_FIND_STORED, [k[0] for k in keys], [k[1] for k in keys])
@@ -214,6 +232,9 @@ class PostgresEventStore(SqlEventStore):
     dialect = "postgresql"
     copy_in = True
     """Whether appends may COPY (not for a role held by row-level security; set by ``open_store``)."""
+    held_by_rls = False
+    """Whether row-level security holds the connected role (set by ``open_store``): then the database keeps
+    the store to its tenant, otherwise calltape filters as on SQLite."""
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -267,12 +288,12 @@ class PostgresEventStore(SqlEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = admit(self._redact(events), self.tenant)
+        events = admit(self._redact(events), self.tenant, self.all_tenants)
         sessions = sorted({e.session for e in events})
         known = self._known_rows(sessions)
         self._forget(sessions)  # remembered again below only from a committed append
         async with self._connection() as conn:
-            writer = PgWriter(conn, tenant=self.tenant, copy_in=self.copy_in)
+            writer = PgWriter(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
             first = 0
             if known is not None:
                 # The writer's own sessions, as its last append left them: plan against those rows
@@ -312,8 +333,11 @@ class PostgresEventStore(SqlEventStore):
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
         after = after or FeedPosition(0, 0)
+        if session is not None and await self._hidden(session):
+            return []
+        scope = (self.tenant or "") if self._filters() else None
         async with self._connection() as conn:
-            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session)
+            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session, scope)
         return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
 
     async def head(self) -> FeedPosition:
@@ -326,6 +350,9 @@ class PostgresEventStore(SqlEventStore):
 
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url, self.tenant)
+
+    def _filters(self) -> bool:
+        return not self.held_by_rls and super()._filters()
 
     async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
         # Delivered at commit to every LISTENing subscription that could hold the session's events.

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, Text, bindparam, cast, delete, func, select, update
+from sqlalchemy import ColumnElement, Integer, Text, bindparam, cast, delete, func, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
@@ -158,9 +158,10 @@ SESSION_ORDER = {
 }
 """``sessions(order=…)``: the column each order name sorts by."""
 
-_SESSION_FILTERS = {
+_SESSION_FILTERS: dict[str, Callable[[], ColumnElement[bool]]] = {
     "agent": lambda: sessions.c.agent == bindparam("agent"),
     "tenant": lambda: sessions.c.tenant == bindparam("tenant"),
+    "untenanted": lambda: sessions.c.tenant.is_(None),
     "status": lambda: sessions.c.status == bindparam("status"),
     "since_ms": lambda: sessions.c.last_at_ms >= bindparam("since_ms"),
     "until_ms": lambda: sessions.c.first_at_ms <= bindparam("until_ms"),
@@ -176,6 +177,19 @@ def _sessions(filters: tuple[str, ...], order: str, descending: bool, limited: b
         return stmt.limit(bindparam("limit", type_=Integer)) if limited else stmt
 
     return Query(build)
+
+
+_OWN = Query(
+    lambda _: select(sessions.c.session).where(_session_is(sessions), sessions.c.tenant == bindparam("tenant"))
+)
+_OWN_UNTENANTED = Query(lambda _: select(sessions.c.session).where(_session_is(sessions), sessions.c.tenant.is_(None)))
+
+
+async def owns(db: Db, session: str, tenant: str | None) -> bool:
+    """Whether ``session`` is a session of ``tenant`` (``None``: a session without a tenant)."""
+    if tenant is None:
+        return bool(await db.fetch(_OWN_UNTENANTED, session=session))
+    return bool(await db.fetch(_OWN, session=session, tenant=tenant))
 
 
 _SESSION_FOR_UPDATE = Query(lambda _: select(sessions.c.tenant).where(_session_is(sessions)).with_for_update())
@@ -250,11 +264,28 @@ class SqlEventStore(EventStore):
         async with self._db() as db:
             return await db.fetch(query, **params)
 
+    # -- tenants: where the database does not keep them apart, calltape does ------------------
+
+    def _filters(self) -> bool:
+        """Whether calltape must keep this store to its tenant itself: on SQLite always, on PostgreSQL for
+        a role that bypasses row-level security; never for a store opened for every tenant."""
+        return not self.all_tenants
+
+    async def _hidden(self, session: str) -> bool:
+        """Whether this store must not see ``session`` (another tenant's; or a tenant's, for a store
+        that declared none)."""
+        if not self._filters():
+            return False
+        async with self._db() as db:
+            return not await owns(db, session, self.tenant)
+
     # -- reading -----------------------------------------------------------------------------
 
     async def read(
         self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
     ) -> list[Event]:
+        if await self._hidden(session):
+            return []
         query = _read(to_seq is not None, limit is not None)
         rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit)
         loads = orjson.loads
@@ -262,32 +293,45 @@ class SqlEventStore(EventStore):
             return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
 
     async def seq_at_time(self, session: str, at_ms: int) -> int:
+        if await self._hidden(session):
+            return 0
         (first_after, last_seq), *_ = await self._fetch(_SEQ_AT_TIME, session=session, at_ms=at_ms)
         return int(first_after) - 1 if first_after is not None else int(last_seq or 0)
 
     async def session_info(self, session: str) -> SessionInfo | None:
+        if await self._hidden(session):
+            return None
         rows = await self._fetch(_SESSION_INFO, session=session)
         return to_session_info(rows[0]) if rows else None
 
     async def _list_sessions(
         self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
     ) -> list[SessionInfo]:
+        if self._filters():  # calltape keeps the store to its tenant (or to the sessions without one)
+            if filters.get("tenant", self.tenant) != self.tenant:
+                return []  # another tenant's sessions: none of them is this store's to list
+            filters = {**filters, "tenant": self.tenant} if self.tenant is not None else {**filters, "untenanted": True}
         query = _sessions(tuple(filters), order, descending, limit is not None)
         return [to_session_info(r) for r in await self._fetch(query, **filters, limit=limit)]
 
     # -- erasure and rewriting ---------------------------------------------------------------
 
     async def erase(self, session: str) -> int:
+        return await self._erase(session)
+
+    async def _erase(self, session: str, trimmed: int = 0) -> int:
+        """The erasing transaction; ``trimmed`` events of the session were deleted before it (retention
+        on SQLite, :meth:`erase_in_steps`) and count in its tombstone and in what it returns."""
         async with self._db(write=True) as db:
             owner = await db.fetchrow(_SESSION_FOR_UPDATE, session=session)
-            if owner is not None and self.tenant is not None and owner[0] != self.tenant:
-                raise SessionNotFound(session)  # another tenant's (SQLite; PostgreSQL does not even show it)
+            if owner is not None and self._filters() and owner[0] != self.tenant:
+                raise SessionNotFound(session)  # another tenant's (under row-level security it is not even seen)
             if owner is None:
                 tomb = await db.fetchrow(_TOMBSTONE, session=session)
-                if tomb is None or (self.tenant is not None and tomb[3] != self.tenant):
+                if tomb is None or (self._filters() and tomb[3] != self.tenant):
                     raise SessionNotFound(session)
                 return 0
-            count = await db.execute(_DELETE_EVENTS, session=session)
+            count = trimmed + await db.execute(_DELETE_EVENTS, session=session)
             await db.execute(_DELETE_SNAPSHOTS, session=session)
             await db.execute(_DELETE_SESSION, session=session)
             await db.execute(_ADD_TOMBSTONE, session=session, erased_at_ms=now_ms(), events=count, tenant=owner[0])
@@ -306,11 +350,13 @@ class SqlEventStore(EventStore):
 
     async def tombstone(self, session: str) -> Tombstone | None:
         rows = await self._fetch(_TOMBSTONE, session=session)
-        if not rows or (self.tenant is not None and rows[0][3] != self.tenant):
+        if not rows or (self._filters() and rows[0][3] != self.tenant):
             return None
         return Tombstone(rows[0][0], rows[0][1], rows[0][2])
 
     async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        if await self._hidden(session):
+            raise SessionNotFound(session)
         async with self._db(write=True) as db:
             await db.executemany(
                 _REWRITE_DATA, [{"b_session": session, "b_seq": seq, "data": dumps_data(data)} for seq, data in changes]
@@ -320,6 +366,8 @@ class SqlEventStore(EventStore):
     # -- snapshots ---------------------------------------------------------------------------
 
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        if await self._hidden(session):
+            return
         async with self._db(write=True) as db:
             await db.execute(
                 _SAVE_SNAPSHOT, session=session, version=version, seq=seq, state=state, created_at_ms=now_ms()
@@ -328,6 +376,8 @@ class SqlEventStore(EventStore):
     async def load_snapshot(
         self, session: str, version: int, *, max_seq: int | None = None
     ) -> tuple[int, bytes] | None:
+        if await self._hidden(session):
+            return None
         query = _load_snapshot(max_seq is not None)
         rows = await self._fetch(query, session=session, version=version, max_seq=max_seq)
         return (rows[0][0], bytes(rows[0][1])) if rows else None

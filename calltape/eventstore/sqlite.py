@@ -8,6 +8,7 @@ statement whatever its size, with no limit on the number of parameters.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -16,13 +17,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import ColumnElement, bindparam, func, select, update
+from sqlalchemy import ColumnElement, bindparam, delete, func, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from calltape.errors import SessionNotFound
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
@@ -32,6 +32,7 @@ from calltape.eventstore.queries import (
     Query,
     SqlEventStore,
     dumps_data,
+    owns,
     to_event,
     to_session_info,
 )
@@ -130,22 +131,26 @@ def _by_session(keys: Sequence[Key]) -> dict[str, list[str]]:
 class SqliteWriter(AppendWriter):
     """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction."""
 
-    def __init__(self, db: SqliteDb, tenant: str | None = None) -> None:
+    def __init__(self, db: SqliteDb, tenant: str | None = None, everyone: bool = False) -> None:
         self.db = db
         self.tenant = tenant
+        self.everyone = everyone
+        self._mine: set[str] = set()
+        """Sessions :meth:`lock_sessions` found to be this store's: no need to ask again."""
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
         await self.db.executemany(_ENSURE_SESSIONS, [{"session": s, "tenant": self.tenant} for s in sessions])
         found = await self.db.fetch(_SESSIONS_IN, sessions=orjson.dumps(sessions).decode())
         rows = {r[0]: to_session_info(r) for r in found}
-        refuse_foreign(rows.values(), self.tenant)  # what PostgreSQL's policies refuse
+        refuse_foreign(rows.values(), self.tenant, self.everyone)  # what PostgreSQL's policies refuse
+        self._mine.update(rows)
         return rows
 
     async def _select(self, query: Query, keys: Sequence[Key]) -> list[Sequence[Any]]:
         rows: list[Sequence[Any]] = []
         for session, ids in _by_session(keys).items():
-            if self.tenant is not None and await self.db.fetch(_OWN, session=session, tenant=self.tenant) == []:
-                continue  # another tenant's: a tenant store sees none of its events
+            if not (self.everyone or session in self._mine or await owns(self.db, session, self.tenant)):
+                continue  # not this store's: it sees none of the session's events
             rows += await self.db.fetch(query, session=session, ids=orjson.dumps(ids).decode())
         return rows
 
@@ -186,22 +191,34 @@ _FEED_SESSION = Query(
     )
 )
 _HEAD = Query(lambda _: select(func.max(events.c.pos)))
-_OWN = Query(
-    lambda _: select(sessions.c.session).where(
-        sessions.c.session == bindparam("session"), sessions.c.tenant == bindparam("tenant")
-    )
-)
-_FEED_TENANT = Query(
-    lambda _: (
-        select(events.c.pos, *EVENT_SELECT)
-        .where(
-            events.c.pos > bindparam("pos"),
-            events.c.session.in_(select(sessions.c.session).where(sessions.c.tenant == bindparam("tenant"))),
+_COUNT = Query(lambda _: select(func.count()).select_from(events).where(events.c.session == bindparam("session")))
+_TRIM = Query(
+    lambda _: delete(events).where(
+        events.c.pos.in_(
+            select(events.c.pos)
+            .where(events.c.session == bindparam("session"))
+            .order_by(events.c.seq.desc())
+            .limit(bindparam("step"))
         )
-        .order_by(events.c.pos)
-        .limit(bindparam("limit"))
     )
 )
+"""Deletes a session's newest ``step`` events: what stays visible meanwhile is a prefix of the call."""
+
+
+def _feed_of(tenant: ColumnElement[bool]) -> Query:
+    """The feed of the sessions whose tenant matches (a store that calltape keeps to its tenant)."""
+    return Query(
+        lambda _: (
+            select(events.c.pos, *EVENT_SELECT)
+            .where(events.c.pos > bindparam("pos"), events.c.session.in_(select(sessions.c.session).where(tenant)))
+            .order_by(events.c.pos)
+            .limit(bindparam("limit"))
+        )
+    )
+
+
+_FEED_TENANT = _feed_of(sessions.c.tenant == bindparam("tenant"))
+_FEED_UNTENANTED = _feed_of(sessions.c.tenant.is_(None))
 
 
 # -- erasures seen across processes ------------------------------------------------------------
@@ -228,7 +245,8 @@ def bump_erasures(path: str) -> None:
 
 
 class SqliteWaiter(SleepWaiter):
-    """Polls (SQLite cannot notify), and watches the database's erasure counter file."""
+    """Polls (SQLite cannot notify), and watches the database's erasure counter file. It never creates
+    the file (a reader creates nothing): until the first erase does, the count is 0."""
 
     def __init__(self, counter: str | None) -> None:
         self._counter = counter
@@ -236,22 +254,32 @@ class SqliteWaiter(SleepWaiter):
         self._blind = 0
 
     async def ready(self) -> None:
-        """Opens the counter file (creating it, owner-only, if no erase has yet)."""
-        if self._counter is None or self._fd is not None:
-            return
-        try:
-            self._fd = _open_counter(self._counter)
-        except OSError as exc:
-            log.warning("subscription: cannot watch for erasures (%s); checking before every event", exc.strerror)
+        """Opens the counter file if an erase has created it."""
+        self._open()
+
+    def _open(self) -> bool:
+        if self._fd is None and self._counter is not None:
+            try:
+                self._fd = os.open(self._counter, os.O_RDONLY)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                if not self._blind:
+                    log.warning("subscription: cannot watch for erasures (%s); checking every event", exc.strerror)
+                self._blind += 1
+                return False
+        return self._fd is not None
 
     def erasures(self) -> int:
-        """The counter file's value; without the file, a new number every call (so every event is checked)."""
-        if self._fd is not None:
-            return int.from_bytes(os.pread(self._fd, 8, 0), "little")
-        if self._counter is None:
-            return 0  # an in-memory database: only this process can erase, and it counts for itself
-        self._blind += 1
-        return -self._blind
+        """The counter file's value: 0 while there is none; without access, a new number every call (so
+        every event is checked)."""
+        if self._fd is None and not self._open():
+            if self._blind:
+                self._blind += 1
+                return -self._blind
+            return 0  # no erase yet (or an in-memory database: only this process erases, and counts it)
+        assert self._fd is not None
+        return int.from_bytes(os.pread(self._fd, 8, 0), "little")
 
     async def close(self) -> None:
         """Closes the counter file."""
@@ -283,9 +311,9 @@ class SqliteEventStore(SqlEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         if not events:
             return []
-        events = admit(self._redact(events), self.tenant)
+        events = admit(self._redact(events), self.tenant, self.all_tenants)
         async with self._db(write=True) as db:
-            return await SqliteWriter(db, self.tenant).append(events, expected_seq)
+            return await SqliteWriter(db, self.tenant, self.all_tenants).append(events, expected_seq)
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
@@ -293,8 +321,9 @@ class SqliteEventStore(SqlEventStore):
         pos = (after or FeedPosition(0, 0)).pos
         if session is not None and await self._hidden(session):
             return []
-        if session is None and self.tenant is not None:
-            rows = await self._fetch(_FEED_TENANT, pos=pos, tenant=self.tenant, limit=limit)
+        if session is None and self._filters():
+            query = _FEED_UNTENANTED if self.tenant is None else _FEED_TENANT
+            rows = await self._fetch(query, pos=pos, tenant=self.tenant, limit=limit)
         elif session is None:
             rows = await self._fetch(_FEED, pos=pos, limit=limit)
         else:
@@ -319,50 +348,18 @@ class SqliteEventStore(SqlEventStore):
                 exc.strerror,
             )
 
+    async def erase_in_steps(self, session: str, step: int) -> int:
+        # Every writer of the file waits on one lock: a transaction deleting a long call in one go would
+        # keep a live recorder waiting for all of it. So at most ``step`` rows per transaction, the lock
+        # released between them (a count, a read, comes first: live writers get their turn meanwhile).
+        trimmed = 0
+        visible = not await self._hidden(session)  # another tenant's: erase refuses it below
+        while visible and (await self._fetch(_COUNT, session=session))[0][0] > step:
+            async with self._db(write=True) as db:
+                trimmed += await db.execute(_TRIM, session=session, step=step)
+            await asyncio.sleep(0)
+        return await self._erase(session, trimmed)
+
     async def _erased(self, sessions: set[str]) -> set[str]:
         rows = await self._fetch(_SESSIONS_IN, sessions=orjson.dumps(sorted(sessions)).decode())
         return sessions - {r[0] for r in rows}
-
-    # -- tenants: SQLite has no row-level security, so a tenant store filters here -------------
-
-    async def _hidden(self, session: str) -> bool:
-        """Whether a store opened for a tenant must not see this session."""
-        return self.tenant is not None and not await self._fetch(_OWN, session=session, tenant=self.tenant)
-
-    async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
-    ) -> list[Event]:
-        if await self._hidden(session):
-            return []
-        return await super().read(session, after_seq=after_seq, to_seq=to_seq, limit=limit)
-
-    async def seq_at_time(self, session: str, at_ms: int) -> int:
-        return 0 if await self._hidden(session) else await super().seq_at_time(session, at_ms)
-
-    async def session_info(self, session: str) -> SessionInfo | None:
-        return None if await self._hidden(session) else await super().session_info(session)
-
-    async def _list_sessions(
-        self, filters: dict[str, Any], order: str, descending: bool, limit: int | None
-    ) -> list[SessionInfo]:
-        if self.tenant is not None:
-            if filters.get("tenant", self.tenant) != self.tenant:
-                return []
-            filters = {**filters, "tenant": self.tenant}
-        return await super()._list_sessions(filters, order, descending, limit)
-
-    async def rewrite_data(self, session: str, changes: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        if await self._hidden(session):
-            raise SessionNotFound(session)
-        await super().rewrite_data(session, changes)
-
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        if not await self._hidden(session):
-            await super().save_snapshot(session, seq, version, state)
-
-    async def load_snapshot(
-        self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None:
-        if await self._hidden(session):
-            return None
-        return await super().load_snapshot(session, version, max_seq=max_seq)

@@ -99,8 +99,10 @@ class EventStore(ABC):
     redactor: Redactor | None = None
     """Redaction on write: every appended event passes these rules before it reaches the database."""
     tenant: str | None = None
-    """The tenant the store was opened for: it sees and writes only that tenant's sessions (None: the
-    operator's store on SQLite; on PostgreSQL whatever the connected role may see, see :mod:`.tenancy`)."""
+    """The tenant the store was opened for: it sees and writes only that tenant's sessions (None: only the
+    sessions without a tenant, unless :attr:`all_tenants`; see :mod:`.tenancy`)."""
+    all_tenants: bool = False
+    """Opened for every tenant (``tenant="*"``, the operator's): sees and writes every session."""
 
     def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
         """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
@@ -240,6 +242,13 @@ class EventStore(ABC):
         """Removes the session's events, snapshots and summary in one transaction and leaves a
         :class:`Tombstone`; returns how many events went (0 when it was already erased).
         Raises :class:`~calltape.errors.SessionNotFound` for a session that never existed."""
+
+    async def erase_in_steps(self, session: str, step: int) -> int:
+        """Erases like :meth:`erase`, for retention: a store whose writers all wait on one lock (SQLite)
+        first deletes the session's newest events ``step`` at a time, each in a transaction of its own,
+        so live appends get the lock between them, and erases the last ``step`` with the summary in one
+        transaction. Elsewhere it is :meth:`erase`."""
+        return await self.erase(session)
 
     @abstractmethod
     async def tombstone(self, session: str) -> Tombstone | None:

@@ -5,13 +5,18 @@ use the pool's connections, the LISTEN connection) starts with the setting ``cal
 when the store declared no tenant), and row-level security on every calltape table (migration 0003)
 shows and accepts only the rows of that tenant, whatever SQL runs on the connection. A role that
 bypasses row-level security (a superuser, ``BYPASSRLS``) is not held by it, so a store opened for a
-tenant refuses such a role instead of pretending; without a tenant such a role is the operator's, and
-sees every tenant. An application role prepared by :func:`grant_statements` sees, without a tenant,
-only the sessions that have none.
+tenant refuses such a role instead of pretending. An application role prepared by :func:`grant` sees,
+without a tenant, only the sessions that have none.
 
 On SQLite (one file per deployment, whoever can read the file can read every row) calltape filters in
-its own queries: a store opened for a tenant sees and writes only that tenant's sessions, a store
-without one is the operator's and sees them all.
+its own queries, the same way: a store opened for a tenant sees and writes only that tenant's sessions,
+a store without one only the sessions without a tenant. calltape filters the same way for a PostgreSQL
+role that bypasses row-level security, so the API answers alike on both backends (raw SQL on such a
+role's connection sees every row: that bypass is the database's).
+
+Seeing every tenant is an explicit choice: the tenant :data:`ALL_TENANTS` (``--all-tenants``,
+``CALLTAPE_TENANT=*``), the operator's, for pruning, erasing or exporting across tenants. On PostgreSQL
+it needs a role that bypasses row-level security; a role held by it is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
 
 ENV_TENANT = "CALLTAPE_TENANT"
+ALL_TENANTS = "*"
+"""The tenant name that opens a store for every tenant (``--all-tenants``, ``CALLTAPE_TENANT=*``): the
+operator's explicit choice, for pruning, erasing or exporting across tenants. On PostgreSQL it needs a
+role that bypasses row-level security."""
 SETTING = "calltape.tenant"
 """The PostgreSQL setting row-level security reads (set at connection start; empty means no tenant)."""
 
@@ -38,7 +47,8 @@ _MAX_TENANT = 200
 
 
 def resolve_tenant(tenant: str | None) -> str | None:
-    """The tenant a store is opened for: ``tenant``, else ``$CALLTAPE_TENANT``, else none (``""`` = none)."""
+    """The tenant a store is opened for: ``tenant``, else ``$CALLTAPE_TENANT``, else none (``""`` = none);
+    :data:`ALL_TENANTS` for every tenant."""
     value = tenant if tenant is not None else os.environ.get(ENV_TENANT)
     if value is None or value == "":
         return None
@@ -50,16 +60,17 @@ def resolve_tenant(tenant: str | None) -> str | None:
     return value
 
 
-def admit(events: Sequence[Event], tenant: str | None) -> Sequence[Event]:
+def admit(events: Sequence[Event], tenant: str | None, everyone: bool = False) -> Sequence[Event]:
     """The batch as a store opened for ``tenant`` writes it: a ``session.started`` without a tenant gets
-    this one (so exports carry it), one naming another tenant is refused."""
-    if tenant is None or not any(e.type == "session.started" for e in events):
+    this one (so exports carry it), one naming another tenant is refused. A store without a tenant starts
+    only sessions without one; a store for every tenant (``everyone``) writes what it is given."""
+    if everyone or not any(e.type == "session.started" for e in events):
         return events
     admitted: list[Event] = []
     for event in events:
         if event.type == "session.started":
             named = event.data.get("tenant")
-            if named is None:
+            if named is None and tenant is not None:
                 event = replace(event, data={**event.data, "tenant": tenant})
             elif named != tenant:
                 raise TenantRefused(event.session, tenant)
@@ -67,10 +78,11 @@ def admit(events: Sequence[Event], tenant: str | None) -> Sequence[Event]:
     return admitted
 
 
-def refuse_foreign(rows: Iterable[SessionInfo], tenant: str | None) -> None:
-    """SQLite's guard (PostgreSQL's policies refuse the same rows): a store opened for a tenant writes
-    no session of another tenant, nor one without a tenant."""
-    if tenant is None:
+def refuse_foreign(rows: Iterable[SessionInfo], tenant: str | None, everyone: bool = False) -> None:
+    """The guard where calltape keeps tenants apart itself (SQLite, and a PostgreSQL role that bypasses
+    row-level security; the policies refuse the same rows): a store writes only its tenant's sessions,
+    a store without a tenant only sessions without one, a store for every tenant any session."""
+    if everyone:
         return
     for row in rows:
         if row.tenant != tenant:

@@ -24,6 +24,8 @@ class AppendWriter(ABC):
 
     tenant: str | None = None
     """The store's tenant: the writer writes only that tenant's sessions (see :mod:`.tenancy`)."""
+    everyone: bool = False
+    """A writer for every tenant (the operator's): no tenant check."""
 
     @abstractmethod
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:

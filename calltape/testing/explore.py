@@ -246,6 +246,7 @@ async def explore(
     concurrency: int = 16,
     tools: Mapping[str, ToolSpec] | None = None,
     drops: bool = True,
+    virtual_time: bool = False,
 ) -> Exploration:
     """Runs ``scenario`` uninterrupted, then once per event boundary with a barge-in there, then (unless
     ``drops=False``) once per tool call of the uninterrupted run with the call dropped and resumed while
@@ -257,6 +258,20 @@ async def explore(
     """
     from calltape.eventstore import open_store
 
+    if virtual_time:
+        from calltape.testing.virtualtime import run_in_virtual_time
+
+        return await run_in_virtual_time(
+            lambda: explore(
+                scenario,
+                assertions=assertions,
+                agent=agent,
+                options=options,
+                concurrency=concurrency,
+                tools=tools,
+                drops=drops,
+            )
+        )
     checks = [assertions] if callable(assertions) else list(assertions or [])
     started = time.perf_counter()
     store = await open_store("sqlite://")  # one private in-memory store; each run is its own session

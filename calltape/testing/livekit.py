@@ -229,7 +229,7 @@ class OfflineSpeaker(io.AudioOutput):
         await super().capture_frame(frame)
         self._queued += frame.duration
         if self._began is None:
-            self._began = time.monotonic()
+            self._began = asyncio.get_running_loop().time()
             self.on_playback_started(created_at=time.time())
 
     def flush(self) -> None:
@@ -237,7 +237,7 @@ class OfflineSpeaker(io.AudioOutput):
         super().flush()
         if not self._queued or self._began is None:
             return
-        delay = max(0.0, self._queued - (time.monotonic() - self._began))
+        delay = max(0.0, self._queued - (asyncio.get_running_loop().time() - self._began))
         if self._timer is not None:
             self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(delay, self._finished, self._queued, False)
@@ -246,7 +246,7 @@ class OfflineSpeaker(io.AudioOutput):
         """Stops playback (a barge-in) at the current position."""
         if not self._queued or self._began is None:
             return
-        self._finished(min(time.monotonic() - self._began, self._queued), True)
+        self._finished(min(asyncio.get_running_loop().time() - self._began, self._queued), True)
 
     def _finished(self, position: float, interrupted: bool) -> None:
         if self._timer is not None:

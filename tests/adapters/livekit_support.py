@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import selectors
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,6 +26,7 @@ from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.runtime import CallSession, ToolSpec
+from calltape.testing.livekit import OfflineSpeaker
 
 
 def _release() -> tuple[int, int]:
@@ -42,9 +41,10 @@ LIVEKIT = _release()
 
 before_1_8 = pytest.mark.skipif(
     LIVEKIT < (1, 8),
-    reason="before 1.8 LiveKit drops the calls of an interrupted turn and never releases a tool at its cap",
+    reason="before 1.8 LiveKit neither releases a tool at its interruption cap nor reports an interrupted turn's calls",
 )
-"""Scenarios about what LiveKit does with a tool call its interrupted turn stopped waiting for."""
+"""Scenarios about what LiveKit 1.8 does with the calls of an interrupted turn (release at the cap,
+the error of an interrupted handoff)."""
 
 
 @dataclass
@@ -310,46 +310,6 @@ class Phone(io.AudioInput):
         )
 
 
-class Speaker(io.AudioOutput):
-    """Plays what it is given in real time; a barge-in (``clear_buffer``) reports where playout was."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            label="speaker", next_in_chain=None, sample_rate=16000, capabilities=io.AudioOutputCapabilities(pause=False)
-        )
-        self._queued = 0.0
-        self._began: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
-        await super().capture_frame(frame)
-        self._queued += frame.duration
-        if self._began is None:
-            self._began = time.time()
-            self.on_playback_started(created_at=self._began)
-
-    def flush(self) -> None:
-        super().flush()
-        if not self._queued or self._began is None:
-            return
-        queued = self._queued
-        delay = max(0.0, queued - (time.time() - self._began))
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._finished, queued, False)
-
-    def clear_buffer(self) -> None:
-        if not self._queued or self._began is None:
-            return
-        self._finished(min(time.time() - self._began, self._queued), True)
-
-    def _finished(self, position: float, interrupted: bool) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._queued, self._began, self._timer = 0.0, None, None
-        self.on_playback_finished(playback_position=position, interrupted=interrupted, synchronized_transcript=None)
-
-
 class Screen(io.TextOutput):
     """Where the synchronized transcript goes (kept, for the tests to look at)."""
 
@@ -386,7 +346,7 @@ def voice_session(
         aec_warmup_duration=None,
         **options,
     )
-    phone, speaker = Phone(), Speaker()
+    phone, speaker = Phone(), OfflineSpeaker()
     sync = TranscriptSynchronizer(next_in_chain_audio=speaker, next_in_chain_text=Screen(), speed=1.0)
     session.input.audio = phone
     session.output.audio = sync.audio_output
@@ -449,50 +409,3 @@ def calltape_calls(native: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     outputs = [i for i in native["items"] if i["type"] == "function_call_output"]
     assert sorted(o["call_id"] for o in outputs) == sorted(names), "every call has exactly one output"
     return {o["call_id"]: (names[o["call_id"]], o["output"]) for o in outputs}
-
-
-# -------------------------------------------------------------------------------------------------
-# A virtual-time event loop like the one LiveKit's own tests run on
-
-
-class JumpingClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock stands still while it works and, when it has nothing ready, jumps
-    straight to its next timer (how LiveKit's virtual-time test loop runs a scripted call in no
-    wall time). Work done off the loop (a database thread, a socket) does not hold the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        super().__init__(selector=_JumpingSelector(self))
-
-    def time(self) -> float:
-        return self.now
-
-
-class _JumpingSelector(selectors.BaseSelector):
-    def __init__(self, loop: JumpingClockLoop) -> None:
-        self._loop = loop
-        self._real = selectors.DefaultSelector()
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.modify(fileobj, events, data)
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = self._real.select(0)
-        if ready or timeout == 0:
-            return ready
-        if timeout is None:
-            return self._real.select(None)  # nothing scheduled: wait for a wakeup from a thread
-        self._loop.now += timeout  # idle: jump to the next timer
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return self._real.get_map()
-
-    def close(self) -> None:
-        self._real.close()

@@ -203,6 +203,7 @@ def build_voice_bot(
     llm: ScriptedLLM,
     *,
     messages: list[dict[str, Any]] | None = None,
+    tools: list[Any] | None = None,
     observers: list[BaseObserver] | None = None,
     word_secs: float = 0.06,
     extra: Sequence[FrameProcessor] = (),
@@ -214,8 +215,10 @@ def build_voice_bot(
 ) -> VoiceBot:
     """Builds the idiomatic cascade pipeline (transcripts are pushed in as frames, no STT).
 
-    ``output=False`` builds a text pipeline (no TTS, no output transport)."""
-    context = LLMContext(messages=messages or [{"role": "system", "content": "You are a test bot."}])
+    ``output=False`` builds a text pipeline (no TTS, no output transport); ``tools`` are the
+    context's (``FunctionSchema``\\ s or direct functions)."""
+    system = [{"role": "system", "content": "You are a test bot."}]
+    context = LLMContext(messages=messages or system, tools=tools) if tools else LLMContext(messages=messages or system)
     pair = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(

@@ -11,6 +11,7 @@ and a call answered by a progress update keeps one output (its real result).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -245,6 +246,39 @@ async def test_handoff_by_tool(store: EventStore, session_id: str) -> None:
 
 
 # -------------------------------------------------------------------------------------------------
+# Family: injected messages (upstream test_say, test_generate_reply with instructions / user_input)
+
+
+async def test_injected_greeting_instructions_and_typed_input(store: EventStore, session_id: str) -> None:
+    class Host(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You seat guests.")
+
+        async def on_enter(self) -> None:
+            self.session.say("Welcome to Luigi's.")  # a scripted line, no LLM
+            self.session.generate_reply(instructions="Ask for the caller's name.")  # an app's nudge
+            asyncio.get_running_loop().call_later(
+                3.4, lambda: self.session.generate_reply(user_input="Table for two.")  # typed, not spoken
+            )
+
+    script = [Utterance(1.8, 2.2, "Mario.")]
+    llm_ = ScriptedLLM([Step("What is your name?"), Step("Nice to meet you, Mario."), Step("Two it is.")])
+    session, _, native = await run_call(store, session_id, script, llm_, Host(), seconds=5.0)
+    assert livekit_turns(session.history) == [
+        ("assistant", "Welcome to Luigi's."),
+        ("assistant", "What is your name?"),
+        ("user", "Mario."),
+        ("assistant", "Nice to meet you, Mario."),
+        ("user", "Table for two."),
+        ("assistant", "Two it is."),
+    ]
+    assert calltape_turns(native) == livekit_turns(session.history)
+    # the nudge is an instruction for one generation, not a message of either context
+    assert not any("Ask for the caller" in str(i.get("content")) for i in native["items"])
+    assert native["clean"]
+
+
+# -------------------------------------------------------------------------------------------------
 # Live reconciliation (issue 11): a guarded `finish` tool landing after a barge-in
 
 
@@ -266,8 +300,10 @@ def dangling_calls(chat_ctx: llm.ChatContext) -> list[str]:
     return bad
 
 
-@before_1_8
-async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(store: EventStore, session_id: str) -> None:
+@pytest.mark.parametrize("policy", ["finish", "cancel"])
+async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(
+    policy: str, store: EventStore, session_id: str
+) -> None:
     runs: list[str] = []
 
     class GuardedBooker(Agent):
@@ -275,7 +311,7 @@ async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(stor
             super().__init__(instructions="You book tables.")
 
         @function_tool
-        @guarded
+        @guarded(spec=ToolSpec(on_interrupt=policy))  # type: ignore[arg-type]
         async def book(self, ctx: RunContext[Any], when: str) -> str:
             """Books a table."""
             runs.append(when)
@@ -298,6 +334,8 @@ async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(stor
     )
     session, _, native = await run_call(store, session_id, script, llm_, GuardedBooker(), seconds=5.5)
     assert runs == ["7pm"]
+    if policy == "cancel":  # the barge-in cancelled the body mid-run: its effect is unknown
+        assert calltape_calls(native)["call_1"][1] == {"status": "unknown"}
     cut = [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
     assert len(cut) == 1  # the barge-in cut the preamble while the tool ran
     # every inference LiveKit ran saw each call with exactly one output right after it
@@ -305,11 +343,17 @@ async def test_guarded_tool_landing_after_a_barge_in_is_in_the_live_context(stor
     # the inference after the tool landed (the caller's thanks) had its real output
     last = llm_.seen[-1]
     assert ("user", "Thanks a lot.") in livekit_turns(last)
-    assert [(o.call_id, o.output) for o in last.items if isinstance(o, llm.FunctionCallOutput)] == [
-        ("call_1", "booked 7pm")
-    ]
+    outputs = [(o.call_id, o.output) for o in last.items if isinstance(o, llm.FunctionCallOutput)]
+    assert len(outputs) == 1 and outputs[0][0] == "call_1"
+    if policy == "finish":
+        assert outputs == [("call_1", "booked 7pm")]
+    else:  # LiveKit 1.8 keeps the ToolError it was given; 1.6/1.7 get calltape's output
+        assert outputs[0][1] == json.dumps({"status": "unknown"}) or "cancelled by the interruption" in outputs[0][1]
+        assert "not run again" not in outputs[0][1]  # it did run: it was cut, not answered from the log
     assert dangling_calls(session.history) == []
-    assert calltape_calls(native) == {"call_1": ("book", "booked 7pm")} == livekit_calls(session.history)
+    assert list(calltape_calls(native)) == ["call_1"] == list(livekit_calls(session.history))
+    if policy == "finish":
+        assert calltape_calls(native) == {"call_1": ("book", "booked 7pm")} == livekit_calls(session.history)
     assert calltape_turns(native) == livekit_turns(session.history)
 
 

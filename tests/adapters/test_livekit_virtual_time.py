@@ -19,7 +19,8 @@ from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
 from calltape.projections import build_context
 from calltape.runtime import CallSession
-from tests.adapters.livekit_support import JumpingClockLoop, ScriptedLLM, Step
+from calltape.testing.virtualtime import JumpingClockLoop
+from tests.adapters.livekit_support import ScriptedLLM, Step
 
 pytestmark = pytest.mark.livekit
 

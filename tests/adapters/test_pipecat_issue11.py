@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from pipecat.frames.frames import (
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
-from pipecat.services.llm_service import FunctionCallParams
+from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.turns.user_mute import FunctionCallUserMuteStrategy
 from pipecat.turns.user_start import MinWordsUserTurnStartStrategy
 from pipecat_support import LIVE_BOTS, Call, Say, ScriptedLLM, VoiceBot, build_voice_bot, eventually
@@ -295,3 +296,60 @@ async def test_guard_refuses_a_tool_registered_before_it(call: CallSession) -> N
     llm.register_function("book", book)
     with pytest.raises(CalltapeError, match="book"):
         guard(llm, call)
+
+
+@pytest.mark.parametrize("way", ["context-tools", "service-tools", "register_direct_function"])
+async def test_a_direct_function_runs_guarded_however_pipecat_registers_it(way: str, call: CallSession) -> None:
+    # Pipecat registers the direct functions a context lists (or a service is configured with, as
+    # the realtime services are) on its own, through a path that never reaches
+    # llm.register_function; under guard() they run guarded all the same.
+    runs: list[str] = []
+
+    async def book(params: FunctionCallParams, slot: str) -> None:
+        """Books a slot.
+
+        Args:
+            slot: The time to book.
+        """
+        runs.append(params.tool_call_id)
+        await params.result_callback({"booked": slot})
+
+    class ConfiguredLLM(ScriptedLLM):
+        def _service_tools(self) -> list[Any]:
+            return [book] if way == "service-tools" else []
+
+    llm = ConfiguredLLM([[Call("book", "c1", {"slot": "9am"})], [Call("book", "c1", {"slot": "9am"})], [Say("Ok.")]])
+    guard(llm, call)
+    if way == "register_direct_function":
+        llm.register_direct_function(book)  # deprecated in Pipecat, still a way to register a tool
+    tools = [book] if way == "context-tools" else None
+    bot = build_voice_bot(llm, tools=tools, observers=[CalltapeObserver(call)])
+    await bot.start()
+    await user_says(bot, "book me at nine")
+    await eventually(lambda: len(llm.received) == 3)
+    assert runs == ["c1"]  # the repeated call id was answered from the log, not run again
+    state = call.call_state("c1")
+    assert state is not None and state.started and state.status == "completed"
+    assert state.output == {"booked": "9am"}
+    await bot.cancel()
+
+
+async def test_a_tool_registered_past_the_guard_is_named_in_an_error(
+    call: CallSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def book(params: FunctionCallParams) -> None:
+        await params.result_callback({"booked": True})
+
+    llm = ScriptedLLM([[Say("Hello.")], [Say("Hi.")]])
+    guard(llm, call)
+    LLMService.register_function(llm, "book", book)  # the class's own method: past the guard
+    bot = build_voice_bot(llm, observers=[CalltapeObserver(call)])
+    with caplog.at_level(logging.ERROR, logger="calltape.adapters.pipecat"):
+        await bot.start()
+        await user_says(bot, "hello")
+        await eventually(lambda: len(llm.received) == 1)
+        await user_says(bot, "hello again")
+        await eventually(lambda: len(llm.received) == 2)
+    named = [r.getMessage() for r in caplog.records if "'book' runs unguarded" in r.getMessage()]
+    assert len(named) == 1  # once, however many inferences
+    await bot.cancel()

@@ -115,7 +115,7 @@ def at(ms: int) -> str:
 def barge_in_call(session: str) -> list[dict[str, Any]]:
     """A booking call: barge-in while the tool runs, a late result, a second tool cut by a drop."""
     rows: list[tuple[int, str, dict[str, Any]]] = [
-        (0, "session.started", {"agent": "triage", "instructions": "You book tables.", "tenant": "acme"}),
+        (0, "session.started", {"agent": "triage", "instructions": "You book tables."}),
         (1000, "user.speech.started", {}),
         (2000, "user.transcript", {"text": "Book a table for two at eight", "final": True}),
         (2100, "user.speech.stopped", {}),

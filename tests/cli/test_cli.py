@@ -72,7 +72,7 @@ def test_log_and_inspect(cli: Cli, store_url: str, tmp_path: Path, session_id: s
 
     exported, listed, show_json, ctx_offset, ctx_time, diff_at, replay = cli.many(
         ["export", s],
-        ["sessions", "--json", "--tenant", "acme", "--status", "dropped", "--since", "2025-01-31", "--sort", "events"],
+        ["sessions", "--json", "--agent", "triage", "--status", "dropped", "--since", "2025-01-31", "--sort", "events"],
         ["show", s, "--json"],
         ["context", s, "--at", "+4.6"],
         ["context", s, "--at", "2025-01-31T09:30:02.550Z", "--format", "openai"],
@@ -88,7 +88,7 @@ def test_log_and_inspect(cli: Cli, store_url: str, tmp_path: Path, session_id: s
 
     assert listed.code == 0, listed
     row = next(r for r in listed.json() if r["session"] == s)
-    assert row["status"] == "dropped" and row["events"] == N and row["tenant"] == "acme" and row["agent"] == "triage"
+    assert row["status"] == "dropped" and row["events"] == N and row["tenant"] is None and row["agent"] == "triage"
     assert row["first_at"] == "2025-01-31T09:30:00.000Z"
 
     # show --json: heard vs generated, tool outcome + duration, late result, clean points, drop

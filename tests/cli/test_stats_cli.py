@@ -16,7 +16,7 @@ def _import_two(cli: Cli, tmp_path: Path, prefix: str) -> tuple[str, str]:
             row["data"] = {**row["data"], "tenant": prefix}  # totals over these two sessions only
     path = tmp_path / "calls.jsonl"
     path.write_bytes(jsonl(rows))
-    imported = cli("import", str(path))
+    imported = cli("--all-tenants", "import", str(path))  # sessions of a tenant: the operator's store
     assert imported.code == 0, imported
     return a, b
 
@@ -24,10 +24,10 @@ def _import_two(cli: Cli, tmp_path: Path, prefix: str) -> tuple[str, str]:
 def test_latency_figures_per_session_and_across_sessions(cli: Cli, tmp_path: Path, session_id: str) -> None:
     a, _ = _import_two(cli, tmp_path, session_id)
     one, totals, table, totals_table = cli.many(
-        ["stats", a, "--json"],
-        ["stats", "--tenant", session_id, "--json"],
-        ["stats", a],
-        ["stats", "--tenant", session_id],
+        ["--all-tenants", "stats", a, "--json"],
+        ["--all-tenants", "stats", "--tenant", session_id, "--json"],
+        ["--all-tenants", "stats", a],
+        ["--all-tenants", "stats", "--tenant", session_id],
     )
     assert one.code == 0 and one.err == "", one
     assert one.json()["latency_ms"] == SUMMARY_A

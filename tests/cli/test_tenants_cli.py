@@ -24,7 +24,7 @@ def call(session: str, tenant: str | None, words: str) -> list[dict[str, object]
 def seed(cli: Cli, tag: str) -> None:
     events = call(f"a-{tag}", "acme", "acme words") + call(f"g-{tag}", "globex", "globex words")
     events += call(f"n-{tag}", None, "nobody's words")
-    result = cli("import", "-", input=jsonl(events))
+    result = cli("--all-tenants", "import", "-", input=jsonl(events))  # the operator's, across tenants
     assert result.code == 0, result
 
 
@@ -54,10 +54,22 @@ def check_isolation(cli: Cli, operator: Cli, tag: str, *, env: bool = False) -> 
         assert cli(*pre, "import", "-", input=new).code == 0
     finally:
         cli.env.pop("CALLTAPE_TENANT", None)
-    everything = operator("export", "--all").out
+    everything = operator("--all-tenants", "export", "--all").out
     assert "intruder" not in everything and "globex words" in everything and "nobody's words" in everything
-    shown = operator("sessions", "--json", "--limit", "0").json()
+    shown = operator("--all-tenants", "sessions", "--json", "--limit", "0").json()
     assert {r["session"]: r["tenant"] for r in shown if r["session"] == f"a2-{tag}"} == {f"a2-{tag}": "acme"}
+
+
+def check_untenanted(cli: Cli, tag: str) -> None:
+    """Without a tenant: only the sessions without one, for reads and for the operator's erasures."""
+    listed = {r["session"] for r in cli("sessions", "--json", "--limit", "0").json()}
+    assert f"n-{tag}" in listed and not listed & {f"a-{tag}", f"g-{tag}"}
+    exported = cli("export", "--all")
+    assert "nobody's words" in exported.out and "acme words" not in exported.out
+    assert_error(cli("show", f"a-{tag}"), "there is no session")
+    assert_error(cli("delete", "--yes", f"g-{tag}"), "there is no session")
+    assert_error(cli("import", "-", input=jsonl(call(f"x-{tag}", "acme", "new"))), "belongs to another tenant")
+    assert_error(cli("--tenant", "acme", "--all-tenants", "sessions"), "exclude each other")
 
 
 def test_tenant_on_sqlite_filters_in_calltape(tmp_path: Path) -> None:
@@ -66,6 +78,9 @@ def test_tenant_on_sqlite_filters_in_calltape(tmp_path: Path) -> None:
     seed(cli, tag)
     check_isolation(cli, cli, tag)
     check_isolation(cli, cli, tag, env=True)
+    check_untenanted(cli, tag)
+    deleted = cli("--all-tenants", "delete", "--yes", f"g-{tag}", "--json")  # the operator erases any
+    assert deleted.code == 0 and deleted.json() == [{"session": f"g-{tag}", "events": 2}], deleted
     help_text = cli("--help", db=False).out
     assert "--tenant" in help_text and "SQLite" in help_text
     assert_error(cli("db", "upgrade", "--grant", "someone"), "SQLite file has no roles")
@@ -96,8 +111,10 @@ def test_tenant_on_postgres_with_a_granted_role(pg_url: str, tmp_path: Path) -> 
         app = Cli(tmp_path / "home", make_url(pg_url).set(username=role).render_as_string(hide_password=False))
         check_isolation(app, operator, tag)
         check_isolation(app, operator, tag, env=True)
-        # Without a tenant the application role sees only the sessions that have none.
-        listed = {r["session"] for r in app("sessions", "--json", "--limit", "0").json()}
-        assert f"n-{tag}" in listed and not listed & {f"a-{tag}", f"g-{tag}"}
+        # Without a tenant, the application role and the superuser alike see only the sessions that have
+        # none (the database filters for the one, calltape for the other); every tenant is the operator's.
+        check_untenanted(app, tag)
+        check_untenanted(operator, tag)
+        assert_error(app("--all-tenants", "sessions"), "cannot see every tenant")
     finally:
         asyncio.run(_admin(pg_url, f'DROP OWNED BY "{role}"', f'DROP ROLE "{role}"'))

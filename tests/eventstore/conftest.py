@@ -10,6 +10,9 @@ import pytest
 from eventstore_support import TcpProxy, raw_pg
 from sqlalchemy.engine import make_url
 
+from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.tenancy import ALL_TENANTS
+
 
 @pytest.fixture
 async def proxy(pg_url: str) -> AsyncIterator[TcpProxy]:
@@ -37,3 +40,13 @@ async def empty_pg(pg_admin_url: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def operator_store(store_url: str) -> AsyncIterator[EventStore]:
+    """The store opened for every tenant (the operator's), for tests that write several tenants' sessions."""
+    s = await open_store(store_url, tenant=ALL_TENANTS)
+    try:
+        yield s
+    finally:
+        await s.close()

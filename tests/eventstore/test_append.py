@@ -186,7 +186,8 @@ async def test_default_agent_comes_from_the_session(store, session_id):
     assert after_resume.agent == "closer"
 
 
-async def test_session_summary(store, session_id):
+async def test_session_summary(operator_store, session_id):
+    store = operator_store  # a session of tenant acme: the operator's store, for every tenant
     assert await store.session_info(session_id) is None
     await store.append(
         [

@@ -4,17 +4,20 @@ a tombstone without content, and nothing that can bring it back (an append, a re
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
-from eventstore_support import at_revision, started, text
+from eventstore_support import at_revision, started, text, texts
 
 from calltape.errors import SessionErased, SessionNotFound
 from calltape.events import make_event
 from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.bulk import ImportRefused, bulk_import
 from calltape.eventstore.recorder import Recorder
 from calltape.eventstore.retention import prune
 from calltape.migrations import head_revision
@@ -48,6 +51,17 @@ async def test_an_erased_session_cannot_come_back(store: EventStore, session_id:
         await store.append([started(neighbour), text(session_id, "late webhook")])
     assert await store.session_info(neighbour) is None
     assert await store.read(session_id) == []
+
+
+async def test_a_reimport_or_a_replayed_spill_file_cannot_bring_it_back(store: EventStore, session_id: str) -> None:
+    """An old export or a spill file (both JSONL, replayed by ``calltape import``) of an erased session."""
+    old = await store.append([started(session_id), text(session_id, "my card is 4242")])
+    await store.erase(session_id)
+    with pytest.raises((SessionErased, ImportRefused)) as info:
+        async with bulk_import(store) as replay:
+            await replay.add(old)
+    assert "erased" in str(info.value)
+    assert await store.read(session_id) == [] and await store.session_info(session_id) is None
 
 
 async def test_the_recorder_sends_an_erased_sessions_events_to_on_rejected(store: EventStore, session_id: str) -> None:
@@ -89,6 +103,42 @@ async def test_prune_by_age_and_status(store: EventStore, session_id: str) -> No
     assert await store.session_info(old_active) is not None  # not ended: kept by --status ended
     everything = await prune(store, before_ms=cutoff)
     assert everything.sessions == 1 and await store.session_info(new) is not None
+
+
+async def test_erase_in_steps_removes_everything_and_counts_every_event(store: EventStore, session_id: str) -> None:
+    """Retention's erasure (on SQLite in transactions of at most ``step`` events): nothing stays, the
+    tombstone counts every event, and a late write is refused as after any erasure."""
+    await store.append([started(session_id), *texts(session_id, 1232)])
+    await snapshot_now(store, session_id)
+    assert await store.erase_in_steps(session_id, 500) == 1233
+    assert await store.read(session_id) == [] and await store.session_info(session_id) is None
+    assert await store.load_snapshot(session_id, 1) is None and await store.load_snapshot(session_id, 2) is None
+    assert (await store.tombstone(session_id)).events == 1233  # type: ignore[union-attr]
+    with pytest.raises(SessionErased):
+        await store.append([text(session_id, "late")])
+    assert await store.erase_in_steps(session_id, 500) == 0
+    with pytest.raises(SessionNotFound):
+        await store.erase_in_steps(f"{session_id}-never", 500)
+
+
+async def test_an_sqlite_erasure_in_steps_commits_step_by_step(tmp_path: Path, session_id: str) -> None:
+    """SQLite has one write lock: a long call erased by retention is deleted in transactions of at most
+    ``step`` events (another connection sees it partly done, a prefix of the call), not in one."""
+    path = tmp_path / "calls.db"
+    async with await open_store(f"sqlite:///{path}") as pruner:
+        await pruner.append([started(session_id), *texts(session_id, 19_999)])
+        erasing = asyncio.create_task(pruner.erase_in_steps(session_id, 500))
+        seen: set[tuple[int, int]] = set()
+        with contextlib.closing(sqlite3.connect(path)) as reader:  # another connection, counting
+            while not erasing.done():
+                count, top = reader.execute(
+                    "SELECT count(*), max(seq) FROM ct_events WHERE session = ?", [session_id]
+                ).fetchone()
+                seen.add((count, top or 0))
+                await asyncio.sleep(0.001)
+        assert await erasing == 20_000
+    assert {count for count, _ in seen} - {0, 20_000}, "the erasure never showed a part done"
+    assert all(count % 500 == 0 and top == count for count, top in seen)  # whole steps, the newest first
 
 
 def test_cli_delete_then_reimport_is_refused_and_writes_nothing(tmp_path: Path) -> None:

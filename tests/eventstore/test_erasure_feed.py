@@ -84,3 +84,17 @@ async def test_a_subscription_keeps_every_event_when_nothing_is_erased(store_url
         finally:
             await feed.aclose()  # type: ignore[attr-defined]
     assert [e.session for e in got if e.session in (keep, other)] == [keep, keep, other, *[other] * 6, keep]
+
+
+async def test_a_subscription_creates_no_file(tmp_path: Path, session_id: str) -> None:
+    """Reading creates nothing: the erasure counter beside an SQLite database is the first erase's to create."""
+    async with await open_store(f"sqlite:///{tmp_path}/calls.db") as store:
+        await store.append([started(session_id)])
+        feed = store.subscribe(poll_interval=0.05)
+        try:
+            assert (await asyncio.wait_for(anext(feed), 20))[1].session == session_id
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+        assert not (tmp_path / "calls.db-erasures").exists()
+        await store.erase(session_id)
+        assert (tmp_path / "calls.db-erasures").exists()

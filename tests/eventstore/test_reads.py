@@ -37,7 +37,8 @@ async def test_seq_at_time_is_the_longest_prefix_when_times_go_backwards(store, 
     assert await store.seq_at_time(session_id, 4_000) == 4
 
 
-async def test_sessions_filters_and_order(store, session_id):
+async def test_sessions_filters_and_order(operator_store, session_id):
+    store = operator_store  # sessions of several tenants: the operator's store, for every tenant
     p = session_id
     acme, globex = f"acme-{p}", f"globex-{p}"  # the PostgreSQL database is shared by the whole run
     await store.append(
@@ -92,6 +93,7 @@ async def test_failed_append_leaves_no_session_behind(store, session_id):
 
 
 async def test_snapshots(store, session_id):
+    await store.append([started(session_id), started(f"{session_id}-other")])  # snapshots of stored sessions
     assert await store.load_snapshot(session_id, 1) is None
     await store.save_snapshot(session_id, 3, 1, b"v1@3")
     await store.save_snapshot(session_id, 7, 1, b"v1@7")

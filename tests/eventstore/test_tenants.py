@@ -18,6 +18,7 @@ from calltape.eventstore import open_store, upgrade
 from calltape.eventstore.bulk import ImportRefused, bulk_import
 from calltape.eventstore.postgres import _NotifyWaiter
 from calltape.eventstore.store import EventStore
+from calltape.eventstore.tenancy import ALL_TENANTS
 
 
 def one_sentence(message: str) -> None:
@@ -58,8 +59,8 @@ def ids() -> dict[str, str]:
 
 
 async def seed(url: str, ids: dict[str, str]) -> None:
-    """As the operator (a superuser: no tenant, sees all): one session per tenant and one without."""
-    async with await open_store(url) as store:
+    """As the operator (every tenant; a superuser on PostgreSQL): one session per tenant and one without."""
+    async with await open_store(url, tenant=ALL_TENANTS) as store:
         await store.append([started(ids["a"], tenant=ids["ta"]), text(ids["a"], "for acme")])
         await store.append([started(ids["b"], tenant=ids["tb"]), text(ids["b"], "for globex")])
         await store.append([started(ids["none"]), text(ids["none"], "for nobody")])
@@ -109,7 +110,7 @@ async def test_raw_sql_as_a_tenant_sees_only_its_rows(pg_url, app_role, ids):
             await transaction.rollback()
     finally:
         await conn.close()
-    async with await open_store(pg_url) as operator:
+    async with await open_store(pg_url, tenant=ALL_TENANTS) as operator:
         assert [e.data.get("text") for e in await operator.read(ids["b"])] == [None, "for globex"]
 
 
@@ -225,7 +226,7 @@ async def test_writes_of_another_tenants_session_are_refused(tenant_a, ids, urls
         await store.append([started(f"{ids['a']}-2", tenant=ids["tb"])])
     with pytest.raises(SessionNotFound):
         await store.erase(ids["b"])
-    async with await open_store(urls[0]) as operator:
+    async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
         assert [e.data.get("text") for e in await operator.read(ids["b"])] == [None, "for globex"]
         assert [e.data.get("text") for e in await operator.read(ids["none"])] == [None, "for nobody"]
         assert await operator.session_info(f"{ids['a']}-2") is None
@@ -237,7 +238,7 @@ async def test_a_new_session_takes_the_stores_tenant(tenant_a, ids, urls):
     [first, _] = await store.append([started(new), text(new, "hello")])
     assert first.data["tenant"] == ids["ta"]  # so an export carries it
     assert (await store.session_info(new)).tenant == ids["ta"]
-    async with await open_store(urls[0]) as operator:
+    async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
         assert (await operator.session_info(new)).tenant == ids["ta"]
 
 
@@ -248,7 +249,7 @@ async def test_import_of_another_tenants_session_is_refused_and_writes_nothing(t
             await imp.add([started(mine), text(mine, "fine")])
             await imp.add([text(ids["b"], "intruder")])
     assert "belongs to another tenant" in str(info.value)
-    async with await open_store(urls[0]) as operator:
+    async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
         assert await operator.session_info(mine) is None
         assert len(await operator.read(ids["b"])) == 2
     async with bulk_import(tenant_a) as imp:
@@ -267,29 +268,34 @@ async def test_erasure_and_tombstones_stay_with_the_tenant(tenant_a, ids, urls):
         # The erased id stays erased for every tenant: nobody can bring it back.
         with pytest.raises(SessionErased):
             await tenant_b.append([started(ids["a"])])
-    async with await open_store(urls[0]) as operator:
+    async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
         assert await operator.session_info(ids["a"]) is None
         assert await operator.load_snapshot(ids["a"], 1) is None
         assert len(await operator.read(ids["b"])) == 2
 
 
-async def test_a_subscription_hands_out_only_the_tenants_events(tenant_a, ids, urls):
-    start = await tenant_a.head()
+async def sessions_followed(store: EventStore, operator_url: str, ids: dict[str, str], last: str) -> list[str]:
+    """The sessions a subscription of ``store`` hands out while the operator writes to each of the three
+    sessions, ``ids[last]``'s (the text "last") at the end."""
+    start = await store.head()
     got: list[str] = []
 
     async def follow() -> None:
-        async for _, event in tenant_a.subscribe(start, poll_interval=0.05):
+        async for _, event in store.subscribe(start, poll_interval=0.05):
             got.append(event.session)
             if event.data.get("text") == "last":
                 return
 
     task = asyncio.create_task(follow())
-    async with await open_store(urls[0]) as operator:
-        await operator.append([text(ids["b"], "globex only")])
-        await operator.append([text(ids["none"], "nobody's")])
-        await operator.append([text(ids["a"], "last")])
+    async with await open_store(operator_url, tenant=ALL_TENANTS) as operator:
+        for key in [*sorted({"a", "b", "none"} - {last}), last]:
+            await operator.append([text(ids[key], "last" if key == last else "someone else's")])
     await asyncio.wait_for(task, 20)
-    assert got == [ids["a"]]
+    return got
+
+
+async def test_a_subscription_hands_out_only_the_tenants_events(tenant_a, ids, urls):
+    assert await sessions_followed(tenant_a, urls[0], ids, "a") == [ids["a"]]
 
 
 async def test_listen_wakes_a_tenant_only_for_its_own_commits(pg_url, app_role, ids):
@@ -298,7 +304,7 @@ async def test_listen_wakes_a_tenant_only_for_its_own_commits(pg_url, app_role, 
     try:
         await waiter.wait(0.01)  # connects (and wakes once for anything missed)
         await waiter.wait(0.01)
-        async with await open_store(pg_url) as operator:
+        async with await open_store(pg_url, tenant=ALL_TENANTS) as operator:
             await operator.append([text(ids["b"], "globex")])
             await asyncio.sleep(0.3)
             assert not waiter._woken.is_set()
@@ -341,3 +347,74 @@ async def test_a_0002_database_upgrades_in_place_and_keeps_its_tenants(empty_pg,
                 await store.append([started(ids["none"])])
     finally:
         await _admin(empty_pg, f'DROP OWNED BY "{role}"', f'DROP ROLE "{role}"')
+
+
+# -- sessions without a tenant are a group of their own; every tenant only on request ---------------
+
+
+@pytest.fixture(params=["sqlite", "postgres-app-role", "postgres-superuser"])
+def untenanted_urls(request: pytest.FixtureRequest, tmp_path) -> tuple[str, str]:
+    """(the operator's URL, a URL to open without a tenant): on PostgreSQL both the application role (the
+    database filters) and a superuser (row-level security does not hold it: calltape filters)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/calltape.db"
+        return url, url
+    pg_url = request.getfixturevalue("pg_url")
+    return pg_url, pg_url if request.param == "postgres-superuser" else request.getfixturevalue("app_role")
+
+
+async def test_a_store_without_a_tenant_sees_only_sessions_without_one(untenanted_urls, ids):
+    operator_url, url = untenanted_urls
+    await seed(operator_url, ids)
+    mine, theirs = ids["none"], (ids["a"], ids["b"])
+    async with await open_store(url) as store:
+        listed = {i.session for i in await store.sessions()}
+        assert mine in listed and not listed & set(theirs)
+        assert await store.sessions(tenant=ids["ta"]) == []
+        assert (await store.session_info(mine)).tenant is None
+        assert await store.load_snapshot(mine, 1) == (2, b"state")
+        for session in theirs:
+            assert await store.session_info(session) is None and await store.read(session) == []
+            assert await store.seq_at_time(session, 10**15) == 0 and await store.load_snapshot(session, 1) is None
+            assert await store.feed(session=session) == []
+            with pytest.raises(SessionNotFound):
+                await store.erase(session)
+            with pytest.raises(TenantRefused) as info:
+                await store.append([text(session, "intruder")])
+            one_sentence(str(info.value))
+        fed = {e.session for _, e in await store.feed(limit=100_000)}
+        assert mine in fed and not fed & set(theirs)
+        with pytest.raises(TenantRefused):  # it starts only sessions without a tenant
+            await store.append([started(f"{mine}-2", tenant=ids["ta"])])
+        await store.append([text(mine, "still mine")])
+    async with await open_store(operator_url, tenant=ALL_TENANTS) as operator:
+        assert [e.data.get("text") for e in await operator.read(ids["a"])] == [None, "for acme"]
+        assert await operator.session_info(f"{mine}-2") is None
+
+
+async def test_a_subscription_without_a_tenant_hands_out_only_sessions_without_one(untenanted_urls, ids):
+    operator_url, url = untenanted_urls
+    await seed(operator_url, ids)
+    async with await open_store(url) as store:
+        assert await sessions_followed(store, operator_url, ids, "none") == [ids["none"]]
+
+
+async def test_every_tenant_is_an_explicit_choice_of_the_operator(untenanted_urls, ids):
+    operator_url, url = untenanted_urls
+    await seed(operator_url, ids)
+    everyone = {ids["a"], ids["b"], ids["none"]}
+    if url != operator_url:  # the application role: row-level security holds it to one tenant at a time
+        with pytest.raises(CalltapeError) as info:
+            await open_store(url, tenant=ALL_TENANTS)
+        one_sentence(str(info.value))
+        assert "cannot see every tenant" in str(info.value)
+        return
+    async with await open_store(url, tenant=ALL_TENANTS) as operator:
+        assert everyone <= {i.session for i in await operator.sessions()}
+        assert everyone <= {e.session for _, e in await operator.feed(limit=100_000)}
+        assert (await operator.session_info(ids["a"])).tenant == ids["ta"]
+        # Across tenants: erase one tenant's session, start another's.
+        assert await operator.erase(ids["b"]) == 2
+        await operator.append([started(f"{ids['a']}-op", tenant=ids["ta"])])
+        assert (await operator.session_info(f"{ids['a']}-op")).tenant == ids["ta"]
+        assert await operator.session_info(ids["b"]) is None and (await operator.tombstone(ids["b"])).events == 2

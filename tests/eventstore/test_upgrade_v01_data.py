@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from calltape.events import make_event
 from calltape.eventstore import open_store, resolve_url, upgrade
+from calltape.eventstore.tenancy import ALL_TENANTS
 from calltape.migrations import head_revision
 from calltape.projections import build_context
 from calltape.runtime import resume
@@ -70,7 +71,9 @@ async def _a_v01_database_with_a_call(url: str, session: str) -> None:
 async def _upgrades_with_the_call_kept(url: str, session: str) -> None:
     await _a_v01_database_with_a_call(url, session)
     assert await upgrade(url) == ("0001", head_revision())
-    store = await open_store(url)
+    async with await open_store(url) as untenanted:  # the call is tenant acme's: not in the no-tenant group
+        assert await untenanted.session_info(session) is None
+    store = await open_store(url, tenant=ALL_TENANTS)
     try:
         events = await store.read(session)
         assert [(e.seq, e.id, e.type, e.data) for e in events] == [

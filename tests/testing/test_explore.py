@@ -127,3 +127,19 @@ async def test_a_failing_user_assertion_is_reported_with_its_instant() -> None:
 
 def test_tool_specs_are_untouched() -> None:
     assert ToolSpec().timeout > 0
+
+
+async def test_virtual_time_explores_a_slow_scenario_in_no_wall_time() -> None:
+    async def slow_agent(call: CallSession) -> None:
+        call.emit("user.transcript", {"text": "book it", "final": True})
+        call.emit("agent.reply.started", {"reply": "r1"})
+        await asyncio.sleep(20)  # a long think: virtual seconds
+        if not call.reply_interrupted("r1"):
+            call.emit("agent.text", {"reply": "r1", "text": "Booked."})
+            call.emit("agent.reply.done", {"reply": "r1"})
+
+    started = time.perf_counter()
+    exploration = await explore(slow_agent, virtual_time=True)
+    exploration.assert_ok()
+    assert len(exploration.runs) == 5  # the uninterrupted run and a barge-in after each of its 4 events
+    assert time.perf_counter() - started < 15  # 5 runs of 20 s each, on a virtual clock

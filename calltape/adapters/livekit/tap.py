@@ -19,6 +19,8 @@ Mapping notes (why the tap looks where it looks):
   answers the LLM twice in LiveKit's context: the update under the call id, the real result under a
   second call LiveKit adds later. calltape keeps one call with one output: the update is
   ``tool.progress``, the later real result is the ``tool.result``.
+* A guarded call of an interrupted turn: LiveKit 1.6/1.7 keep neither the call nor its output, so
+  once it lands the tap inserts both into the agent's live context (:meth:`LiveKitTap.land`).
 * User turns are the ones LiveKit commits to its context (``conversation_item_added`` with a user
   message), recorded with LiveKit's text; STT results before that are only the pending interim.
   Speech LiveKit discards (over a reply that cannot be interrupted) never becomes a calltape user
@@ -208,13 +210,7 @@ class LiveKitTap:
         for the speech to be done (which, with a tool still running, takes up to 5 s).
         """
         handle = sp.handle
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def _done(_: SpeechHandle) -> None:
-            if not done.done():
-                done.set_result(None)
-
-        handle.add_done_callback(_done)
+        done = _speech_done(handle)
         await handle.wait_if_not_interrupted([done])
         if handle.interrupted:
             self._on_interrupted(sp)
@@ -499,6 +495,46 @@ class LiveKitTap:
                     item.output = output
                     item.is_error = state.status == "error"
 
+    def hold(self, task: asyncio.Future[Any]) -> None:
+        """Keeps a guarded call's task in the tap's background work (:meth:`drain` waits for it)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def land(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
+        """A guarded call has its outcome: once its speech is done, a call LiveKit left out of the
+        agent's live context (1.6/1.7 add neither the calls nor the outputs of an interrupted turn)
+        goes in with its one output, before the next inference."""
+        if handle.interrupted:
+            self._spawn(self._land_when_done(fc, handle))
+
+    async def _land_when_done(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
+        await _speech_done(handle)
+        await asyncio.sleep(0)  # LiveKit adds what it keeps right after the speech ends
+        state = self.replies.fold.tool_call(fc.call_id)
+        if state is None or state.status == "in_progress":
+            return
+        try:
+            agent = self.session.current_agent
+        except RuntimeError:
+            return
+        if any(getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items):
+            return  # LiveKit kept the call (1.8): the other reconciliations apply
+        output = state.output if isinstance(state.output, str) else json.dumps(state.output)
+        call = llm.FunctionCall(
+            call_id=fc.call_id, name=fc.name, arguments=fc.arguments or "{}", created_at=fc.created_at
+        )
+        result = llm.FunctionCallOutput(
+            call_id=fc.call_id,
+            name=fc.name,
+            output=output,
+            is_error=state.status != "completed",
+            created_at=fc.created_at + 1e-6,  # right after its call, not after what was said since
+        )
+        self.session.history.insert([call, result])
+        chat_ctx = agent.chat_ctx.copy()
+        chat_ctx.insert([call, result])
+        await agent.update_chat_ctx(chat_ctx, exclude_invalid_function_calls=False)
+
     def _flush_ended(self) -> None:
         """Calls that ended but whose LiveKit output never came (the session closed first)."""
         for call_id, update in list(self._ended.items()):
@@ -518,6 +554,18 @@ class LiveKitTap:
             self._spawn(self.live.drop(reason=reason) if dropped else self.live.end(reason=reason))
         else:
             self._emit("session.dropped" if dropped else "session.ended", {"reason": reason})
+
+
+def _speech_done(handle: SpeechHandle) -> asyncio.Future[None]:
+    """A future set when ``handle`` is done (unlike ``handle.wait_for_playout()``, usable anywhere)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _done(_: SpeechHandle) -> None:
+        if not done.done():
+            done.set_result(None)
+
+    handle.add_done_callback(_done)
+    return done
 
 
 def attach(session: AgentSession[Any], call: EventSink) -> LiveKitTap:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -61,9 +62,18 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
             async def body() -> Any:
                 return await func(*args, **kwargs)
 
-            outcome: ToolOutcome = await live.run_tool(
-                fc.call_id, fc.name, arguments, body, reply=tap.reply_of(fc.call_id), spec=spec
+            # The body runs in a task of its own: LiveKit cancelling the tool execution of an
+            # interrupted turn must not cancel a `finish` tool (run_tool applies the policy itself).
+            inner = asyncio.ensure_future(
+                live.run_tool(fc.call_id, fc.name, arguments, body, reply=tap.reply_of(fc.call_id), spec=spec)
             )
+            tap.hold(inner)
+            try:
+                outcome: ToolOutcome = await asyncio.shield(inner)
+            except asyncio.CancelledError:
+                inner.add_done_callback(lambda _: tap.land(fc, ctx.speech_handle))
+                raise
+            tap.land(fc, ctx.speech_handle)
             if outcome.status == "completed":
                 return outcome.output
             raise ToolError(_outcome_message(outcome))
@@ -79,6 +89,8 @@ def _outcome_message(outcome: ToolOutcome) -> str:
         output = outcome.output
         detail = output.get("error") if isinstance(output, dict) else output
         return str(detail) if detail else "the tool failed"
+    if outcome.status == "unknown" and outcome.ran:  # a cancel-policy body cut by the barge-in
+        return "the tool call was cancelled by the interruption; whether it took effect is unknown"
     return {
         "timeout": "the tool timed out",
         "cancelled": "the tool call was cancelled",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pipecat.frames.frames import (
@@ -30,6 +31,8 @@ from pipecat.frames.frames import (
     FunctionCallInProgressFrame,
     FunctionCallResultFrame,
     LLMContextFrame,
+    LLMSetToolsFrame,
+    StartFrame,
 )
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
@@ -40,6 +43,7 @@ from calltape.runtime.protocol import FoldedSink
 log = logging.getLogger("calltape.adapters.pipecat")
 
 _INSTALLED_ATTR = "_calltape_reconciler"
+_TOOLS_HOOK_ATTR = "_calltape_tools_hook"
 
 
 def reconcile_context(context: LLMContext, call: FoldedSink) -> int:
@@ -51,19 +55,37 @@ class LiveReconciler:
     """Installed on a guarded LLM service: reconciles each context it is asked to run inference on."""
 
     @staticmethod
-    def install(llm: Any, call: FoldedSink) -> None:
-        """Wraps ``llm.process_frame`` once, so an ``LLMContextFrame`` is reconciled before it runs."""
+    def install(llm: Any, call: FoldedSink, *, tools_hook: Callable[[Any], None] | None = None) -> None:
+        """Wraps ``llm.process_frame`` once, so an ``LLMContextFrame`` is reconciled before it runs.
+
+        ``tools_hook(tools)`` (set by :func:`~calltape.adapters.pipecat.guard`) is called with the
+        context's tools before each inference, and after Pipecat took in a ``StartFrame`` or an
+        ``LLMSetToolsFrame`` (when it registers tools on its own)."""
+        if tools_hook is not None:
+            setattr(llm, _TOOLS_HOOK_ATTR, tools_hook)
         if getattr(llm, _INSTALLED_ATTR, None) is not None:
             return
         original = llm.process_frame
 
+        def run_hook(tools: Any) -> None:
+            hook = getattr(llm, _TOOLS_HOOK_ATTR, None)
+            if hook is None:
+                return
+            try:
+                hook(tools)
+            except Exception:  # guarding must never break a live call; the hook logs what it cannot guard
+                log.exception("calltape: could not check the tools Pipecat registered")
+
         async def process_frame(frame: Frame, direction: FrameDirection) -> None:
             if isinstance(frame, LLMContextFrame):
+                run_hook(frame.context.tools)
                 try:
                     LiveReconciler.reconcile(frame.context, call)
                 except Exception:  # reconciliation must never break a live call
                     log.exception("calltape: could not reconcile the live context")
             await original(frame, direction)
+            if isinstance(frame, StartFrame | LLMSetToolsFrame):
+                run_hook(getattr(frame, "tools", None))
 
         llm.process_frame = process_frame
         setattr(llm, _INSTALLED_ATTR, call)

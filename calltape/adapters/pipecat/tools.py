@@ -12,6 +12,10 @@ Two ways in, one behaviour:
   (:class:`~calltape.errors.CalltapeError` naming the tools) rather than leave it silently unguarded.
 * :func:`register_function` — ``register_function(llm, call, name, handler)``, one tool at a time.
 
+Under :func:`guard`, direct functions run guarded too, whichever way Pipecat registers them: listed
+in the context's tools (Pipecat registers those itself, not through ``llm.register_function``),
+configured on the service, or passed to ``llm.register_direct_function``.
+
 Either way the guarded LLM's live context is reconciled before each inference (:mod:`.live`).
 """
 
@@ -21,10 +25,12 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pipecat.frames.frames import FunctionCallResultProperties
+from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
 from calltape.adapters.pipecat.live import LiveReconciler
@@ -35,6 +41,8 @@ from calltape.runtime import LiveCall, ToolOutcome, ToolSpec
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
 
 _GUARDED_LLMS: dict[int, Any] = {}
+
+log = logging.getLogger("calltape.adapters.pipecat")
 
 
 def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | None = None) -> LLMService:
@@ -83,14 +91,97 @@ def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | No
             **kwargs,
         )
 
-    def register_direct_function(*_args: Any, **_kwargs: Any) -> None:
-        raise CalltapeError("direct functions cannot be guarded; register a handler with llm.register_function")
+    direct: dict[str, Any] = {}
+    """Direct functions registered guarded, by name: the function each name runs."""
+
+    def register_direct_function(
+        function: Any,
+        *,
+        cancel_on_interruption: bool | None = None,
+        timeout_secs: float | None = None,
+        cancellable_by_llm: bool | None = None,
+    ) -> None:
+        name = str(getattr(function, "__name__", ""))
+        register_function(
+            name,
+            direct_handler(function),
+            timeout_secs=timeout_secs,
+            cancel_on_interruption=cancel_on_interruption,
+            cancellable_by_llm=cancellable_by_llm,
+        )
+        direct[name] = function
+
+    warned: set[str] = set()
+
+    def guard_registry(tools: Any) -> None:
+        """Direct functions reach the guard whichever way Pipecat registers them: the ones the
+        context lists are registered guarded before Pipecat's own auto-registration sees them
+        (it leaves an explicit registration alone), and the ones it already registered on its
+        own (a service's configured tools) are registered again, guarded."""
+        listed = _direct_functions(tools)
+        service_tools = getattr(llm, "_service_tools", None)
+        if not listed and callable(service_tools):  # a service configured with tools of its own
+            listed = _direct_functions(service_tools())
+        for wrapper in listed:
+            if direct.get(wrapper.name) is wrapper.function:
+                continue  # already guarded
+            if wrapper.name not in direct and _is_guarded(llm, wrapper.name):
+                continue  # registered with llm.register_function: an explicit registration wins
+            register_direct_function(wrapper.function)
+        registry = getattr(llm, "_functions", None)
+        if not isinstance(registry, Mapping):
+            return
+        for name, item in list(registry.items()):
+            handler = getattr(item, "handler", None)
+            if name is None or getattr(handler, "_calltape_guarded", False):
+                continue
+            if getattr(handler, "__self__", None) is llm:
+                continue  # Pipecat's own built-in tools (the cancel tools of cancellable ones)
+            function = getattr(handler, "function", None)
+            if callable(function):  # Pipecat's wrapper of a direct function
+                register_direct_function(function)
+            elif name not in warned:
+                warned.add(name)
+                log.error(
+                    "calltape: the tool %r runs unguarded (Pipecat registered it without "
+                    "llm.register_function); register it with llm.register_function after guard()",
+                    name,
+                )
 
     llm.register_function = register_function  # type: ignore[method-assign]
-    llm.register_direct_function = register_direct_function  # type: ignore[method-assign]
+    llm.register_direct_function = register_direct_function  # type: ignore[method-assign,assignment]
     _GUARDED_LLMS[id(llm)] = call
-    LiveReconciler.install(llm, call)
+    LiveReconciler.install(llm, call, tools_hook=guard_registry)
     return llm
+
+
+def direct_handler(function: Callable[..., Awaitable[Any]]) -> Handler:
+    """A Pipecat direct function (``async def tool(params, **arguments)``) as a classic handler
+    (``async def handler(params)``), keeping its ``@tool_options`` and its name."""
+
+    async def handler(params: FunctionCallParams) -> None:
+        await function(params=params, **dict(params.arguments or {}))
+
+    for attr in ("_pipecat_cancel_on_interruption", "_pipecat_timeout_secs", "_pipecat_cancellable_by_llm"):
+        if hasattr(function, attr):
+            setattr(handler, attr, getattr(function, attr))
+    handler.__name__ = getattr(function, "__name__", handler.__name__)
+    handler.__doc__ = function.__doc__
+    return handler
+
+
+def _direct_functions(tools: Any) -> list[Any]:
+    """The direct functions of a Pipecat tool set (``ToolsSchema.direct_functions``), if any."""
+    if isinstance(tools, list | tuple):
+        tools = LLMContext(tools=list(tools)).tools if tools else None
+    found = getattr(tools, "direct_functions", None)
+    return list(found) if isinstance(found, list | tuple) else []
+
+
+def _is_guarded(llm: LLMService, name: str) -> bool:
+    registry = getattr(llm, "_functions", None)
+    item = registry.get(name) if isinstance(registry, Mapping) else None
+    return bool(getattr(getattr(item, "handler", None), "_calltape_guarded", False))
 
 
 def unguarded_tools(llm: LLMService) -> set[str]:
