@@ -192,7 +192,9 @@ async def owns(db: Db, session: str, tenant: str | None) -> bool:
     return bool(await db.fetch(_OWN, session=session, tenant=tenant))
 
 
-_SESSION_FOR_UPDATE = Query(lambda _: select(sessions.c.tenant).where(_session_is(sessions)).with_for_update())
+_SESSION_FOR_UPDATE = Query(
+    lambda _: select(sessions.c.tenant, sessions.c.last_at_ms).where(_session_is(sessions)).with_for_update()
+)
 _TOMBSTONE = Query(
     lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events, tombstones.c.tenant).where(
         _session_is(tombstones)
@@ -249,6 +251,11 @@ def _load_snapshot(bounded: bool) -> Query:
         return stmt.order_by(c.seq.desc()).limit(1)
 
     return Query(build)
+
+
+def _older(last_at_ms: int | None, before_ms: int | None) -> bool:
+    """Whether a session whose last event is at ``last_at_ms`` is still one retention erases."""
+    return before_ms is None or (last_at_ms is not None and last_at_ms < before_ms)
 
 
 class SqlEventStore(EventStore):
@@ -317,11 +324,15 @@ class SqlEventStore(EventStore):
     # -- erasure and rewriting ---------------------------------------------------------------
 
     async def erase(self, session: str) -> int:
-        return await self._erase(session)
+        return await self._erase(session) or 0
 
-    async def _erase(self, session: str, trimmed: int = 0) -> int:
+    async def erase_in_steps(self, session: str, step: int, *, before_ms: int | None = None) -> int | None:
+        return await self._erase(session, before_ms=before_ms)
+
+    async def _erase(self, session: str, trimmed: int = 0, before_ms: int | None = None) -> int | None:
         """The erasing transaction; ``trimmed`` events of the session were deleted before it (retention
-        on SQLite, :meth:`erase_in_steps`) and count in its tombstone and in what it returns."""
+        on SQLite, :meth:`erase_in_steps`) and count in its tombstone and in what it returns. With
+        ``before_ms``, a session whose last event is no longer before it is left alone (``None``)."""
         async with self._db(write=True) as db:
             owner = await db.fetchrow(_SESSION_FOR_UPDATE, session=session)
             if owner is not None and self._filters() and owner[0] != self.tenant:
@@ -331,6 +342,8 @@ class SqlEventStore(EventStore):
                 if tomb is None or (self._filters() and tomb[3] != self.tenant):
                     raise SessionNotFound(session)
                 return 0
+            if not _older(owner[1], before_ms):
+                return None  # it received an event since retention listed it (a resumed call): kept
             count = trimmed + await db.execute(_DELETE_EVENTS, session=session)
             await db.execute(_DELETE_SNAPSHOTS, session=session)
             await db.execute(_DELETE_SESSION, session=session)
@@ -339,6 +352,11 @@ class SqlEventStore(EventStore):
         note_erasure()  # committed: this process's subscriptions re-check what they hold
         await self._erasure_committed()
         return count
+
+    async def _still_due(self, db: Db, session: str, before_ms: int | None) -> bool:
+        """Inside a deleting transaction: whether retention still erases the session (see :func:`_older`)."""
+        row = await db.fetchrow(_SESSION_FOR_UPDATE, session=session)
+        return row is None or _older(row[1], before_ms)
 
     async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
         """Inside the erasing transaction: tells other processes' subscriptions (PostgreSQL: NOTIFY)."""

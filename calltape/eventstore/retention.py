@@ -50,9 +50,12 @@ async def prune(
     found = [info for info in found if info.last_at_ms is not None and info.last_at_ms < before_ms]
     if dry_run:
         return PruneReport(len(found), sum(info.last_seq for info in found), True)
-    events = 0
+    sessions = events = 0
     for done, info in enumerate(found, 1):
-        events += await store.erase_in_steps(info.session, STEP)
+        # before_ms again at erase time: a call resumed since it was listed is no longer old, and kept
+        erased = await store.erase_in_steps(info.session, STEP, before_ms=before_ms)
+        if erased is not None:
+            sessions, events = sessions + 1, events + erased
         if progress is not None:
             progress(done, len(found))
-    return PruneReport(len(found), events, False)
+    return PruneReport(sessions, events, False)

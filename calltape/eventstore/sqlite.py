@@ -348,17 +348,21 @@ class SqliteEventStore(SqlEventStore):
                 exc.strerror,
             )
 
-    async def erase_in_steps(self, session: str, step: int) -> int:
+    async def erase_in_steps(self, session: str, step: int, *, before_ms: int | None = None) -> int | None:
         # Every writer of the file waits on one lock: a transaction deleting a long call in one go would
         # keep a live recorder waiting for all of it. So at most ``step`` rows per transaction, the lock
         # released between them (a count, a read, comes first: live writers get their turn meanwhile).
+        # The first deleting transaction decides (a session revived since it was listed is kept); after
+        # it, the erasure goes through: keeping a call whose newest events are gone would be worse.
         trimmed = 0
         visible = not await self._hidden(session)  # another tenant's: erase refuses it below
         while visible and (await self._fetch(_COUNT, session=session))[0][0] > step:
             async with self._db(write=True) as db:
+                if not trimmed and not await self._still_due(db, session, before_ms):
+                    return None
                 trimmed += await db.execute(_TRIM, session=session, step=step)
             await asyncio.sleep(0)
-        return await self._erase(session, trimmed)
+        return await self._erase(session, trimmed, before_ms if not trimmed else None)
 
     async def _erased(self, sessions: set[str]) -> set[str]:
         rows = await self._fetch(_SESSIONS_IN, sessions=orjson.dumps(sorted(sessions)).decode())

@@ -243,12 +243,16 @@ class EventStore(ABC):
         :class:`Tombstone`; returns how many events went (0 when it was already erased).
         Raises :class:`~calltape.errors.SessionNotFound` for a session that never existed."""
 
-    async def erase_in_steps(self, session: str, step: int) -> int:
+    @abstractmethod
+    async def erase_in_steps(self, session: str, step: int, *, before_ms: int | None = None) -> int | None:
         """Erases like :meth:`erase`, for retention: a store whose writers all wait on one lock (SQLite)
         first deletes the session's newest events ``step`` at a time, each in a transaction of its own,
         so live appends get the lock between them, and erases the last ``step`` with the summary in one
-        transaction. Elsewhere it is :meth:`erase`."""
-        return await self.erase(session)
+        transaction. Elsewhere it is :meth:`erase`.
+
+        With ``before_ms`` the decision is retention's: a session whose last event is no longer before
+        it when the first deleting transaction runs (a call resumed since it was listed) is kept, and
+        ``None`` is returned. Once that transaction has deleted anything the erasure goes through."""
 
     @abstractmethod
     async def tombstone(self, session: str) -> Tombstone | None:

@@ -190,3 +190,37 @@ async def test_a_v01_sqlite_database_upgrades_in_place(tmp_path: Path) -> None:
 
 async def test_a_v01_postgres_database_upgrades_in_place(empty_pg: str) -> None:
     await _upgrades_in_place(empty_pg)
+
+
+async def test_prune_keeps_a_call_that_came_back_after_it_was_listed(store: EventStore, session_id: str) -> None:
+    """Retention decides again when it erases: a call resumed between the listing and its turn (an
+    event newer than the cutoff) is kept whole, on both backends, short calls and long ones alike."""
+    ancient = -(10**12)
+    first, short, long_ = (f"{session_id}-{name}" for name in ("a", "b", "c"))
+    await store.append([make_event(s, "session.started", {"agent": "a"}, at_ms=ancient) for s in (first, short, long_)])
+    await store.append([text(long_, f"t{i}", at_ms=ancient + 1) for i in range(4999)])
+
+    async def come_back(session: str) -> None:
+        await store.append([text(session, "I'm back")])  # now: far newer than the cutoff
+
+    comebacks: list[asyncio.Task[None]] = []
+
+    def after_each(done: int, total: int) -> None:
+        if done == 1:  # the first call is erased: the other two come back before their turn
+            comebacks.extend(asyncio.ensure_future(come_back(s)) for s in (short, long_))
+
+    # the comebacks run while prune awaits its next statement; make sure they landed first
+    original = store.erase_in_steps
+
+    async def erase_after_comebacks(session: str, step: int, *, before_ms: int | None = None) -> int | None:
+        await asyncio.gather(*comebacks)
+        return await original(session, step, before_ms=before_ms)
+
+    store.erase_in_steps = erase_after_comebacks  # type: ignore[method-assign]
+    report = await prune(store, before_ms=ancient + 10_000, progress=after_each)
+    assert (report.sessions, report.events) == (1, 1)
+    assert await store.session_info(first) is None
+    for session, count in ((short, 2), (long_, 5001)):
+        stored = await store.read(session)
+        assert [e.seq for e in stored] == list(range(1, count + 1)), session  # nothing trimmed
+        assert await store.tombstone(session) is None
