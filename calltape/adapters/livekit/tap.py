@@ -79,12 +79,6 @@ _TAPS: weakref.WeakKeyDictionary[AgentSession[Any], LiveKitTap] = weakref.WeakKe
 _DROP_REASONS = frozenset({"error", "participant_disconnected", "job_shutdown"})
 HANDOFF_INTERRUPTED = "the agent handoff was interrupted and did not happen"
 """The output calltape records for a handoff tool whose turn was interrupted (the handoff never happens)."""
-_CAUSES = {"audio_activity": "user_speech", "user_turn": "user_speech", "programmatic": "api"}
-
-
-def interrupt_cause(handle: SpeechHandle) -> str | None:
-    """calltape's ``cause`` for how LiveKit says a speech was interrupted (None: it does not say)."""
-    return _CAUSES.get(str(getattr(handle, "_interrupt_source", "") or ""))
 
 
 @dataclass(slots=True)
@@ -121,6 +115,8 @@ class LiveKitTap:
         self._heard_user = False
         """STT gave something since the agent's last reply began: a committed turn is spoken."""
         self._user_speaking = False
+        self._user_spoke = False
+        """The user's VAD said speech started since the agent's last reply began."""
         self._agent: str | None = None
         self._speaking: str | None = None
         """The reply whose speech the agent state last reported playing."""
@@ -154,6 +150,14 @@ class LiveKitTap:
         """Waits for the tap's background work (speech watchers, the close of the call)."""
         while pending := [t for t in self._tasks if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    def interruption_cause(self) -> str:
+        """The ``cause`` of an interruption happening now, from what calltape itself observed.
+
+        ``user_speech`` when the user is speaking or started to (VAD) or was transcribed since the
+        agent's reply began, else ``api`` (the app interrupted). LiveKit's own interruption source is
+        private, so it is not read."""
+        return "user_speech" if self._user_speaking or self._user_spoke or self._heard_user else "api"
 
     def reply_of(self, call_id: str) -> str | None:
         """The calltape reply a function call belongs to (None before the tap saw the call)."""
@@ -192,7 +196,7 @@ class LiveKitTap:
         self._close_reply(sp)
         sp.step, sp.reply = step, f"{sp.handle.id}_{step}"
         self._last = sp
-        self._heard_user = False
+        self._heard_user = self._user_spoke = False
         self._emit("agent.reply.started", {"reply": sp.reply, "speech_id": sp.handle.id, "step": step})
         return sp.reply
 
@@ -235,8 +239,7 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
-        # LiveKit >= 1.7 says how a speech was interrupted; before, a barge-in is the user speaking
-        cause = interrupt_cause(sp.handle) or ("user_speech" if self._user_speaking else "api")
+        cause = self.interruption_cause()
         if self.live is not None and not self.replies.holding:
             self.live.interrupt(reply=sp.reply, cause=cause)
         else:
@@ -309,7 +312,7 @@ class LiveKitTap:
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking" and not self._user_speaking:
-            self._user_speaking = True
+            self._user_speaking = self._user_spoke = True
             self._emit("user.speech.started", {"source": "vad"})
         elif ev.new_state != "speaking" and self._user_speaking:
             self._user_speaking = False
