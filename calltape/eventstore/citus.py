@@ -248,7 +248,7 @@ class CitusWriter(PgWriter):
 
 
 # The single-node feed with its horizon as a parameter, read on the coordinator beforehand.
-_FEED = postgres._FEED.replace("pg_snapshot_xmin(pg_current_snapshot())", "$5::text::xid8")
+_FEED = postgres._FEED.replace("pg_snapshot_xmin(pg_current_snapshot())", "$6::text::xid8")
 assert _FEED != postgres._FEED
 
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
@@ -309,7 +309,10 @@ class CitusEventStore(PostgresEventStore):
     ) -> list[tuple[FeedPosition, Event]]:
         """The global feed after ``after``, up to the coordinator's horizon (see the module)."""
         after = after or FeedPosition(0, 0)
+        if session is not None and await self._hidden(session):
+            return []
+        scope = (self.tenant or "") if self._filters() else None
         async with self._connection() as conn:
             horizon = await conn.fetchval(_HORIZON)  # on the coordinator, before the shards are read
-            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session, horizon)
+            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session, scope, horizon)
         return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
