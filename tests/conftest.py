@@ -3,6 +3,12 @@
 PostgreSQL comes from ``$CALLTAPE_TEST_PG_URL`` (an admin URL; the suite creates and drops its own
 database), else from testcontainers when a Docker engine answers. In CI (``CI=true``) a missing
 PostgreSQL fails the run instead of skipping.
+
+``$CALLTAPE_TEST_CITUS_URL`` (the coordinator of a Citus cluster, a database with the ``citus``
+extension and its workers added) runs the PostgreSQL tests on the cluster instead: the suite distributes
+the calltape tables there (``db upgrade``) and uses that database as it is (tests use their own session
+ids), and tests that need a database of their own are skipped. Tests marked ``citus`` run only then.
+CI keeps the single node.
 """
 
 from __future__ import annotations
@@ -18,6 +24,21 @@ from sqlalchemy.engine import make_url
 from calltape.eventstore import EventStore, open_store, upgrade
 
 PG_ENV = "CALLTAPE_TEST_PG_URL"
+CITUS_ENV = "CALLTAPE_TEST_CITUS_URL"
+
+
+def citus_url() -> str | None:
+    """The Citus coordinator the suite runs on, when ``$CALLTAPE_TEST_CITUS_URL`` names one."""
+    return os.environ.get(CITUS_ENV) or None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``citus`` need the cluster: skipped without ``$CALLTAPE_TEST_CITUS_URL``."""
+    if citus_url() is None:
+        skip = pytest.mark.skip(reason=f"no Citus cluster: set {CITUS_ENV}")
+        for item in items:
+            if item.get_closest_marker("citus") is not None:
+                item.add_marker(skip)
 
 
 def _docker_postgres() -> Iterator[str] | None:
@@ -38,7 +59,7 @@ def _docker_postgres() -> Iterator[str] | None:
 
 @pytest.fixture(scope="session")
 def pg_admin_url() -> Iterator[str]:
-    url = os.environ.get(PG_ENV)
+    url = citus_url() or os.environ.get(PG_ENV)
     if url:
         yield url
         return
@@ -63,7 +84,11 @@ async def _admin(url: str, sql: str) -> None:
 
 @pytest.fixture(scope="session")
 def pg_url(pg_admin_url: str) -> Iterator[str]:
-    """A fresh, migrated database for this test run."""
+    """A fresh, migrated database for this test run (on Citus: the cluster's database, distributed)."""
+    if citus_url() is not None:
+        asyncio.run(upgrade(pg_admin_url, citus=True))
+        yield pg_admin_url
+        return
     name = f"calltape_test_{uuid.uuid4().hex[:10]}"
     asyncio.run(_admin(pg_admin_url, f'CREATE DATABASE "{name}"'))
     url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)

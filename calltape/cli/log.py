@@ -72,6 +72,15 @@ def db_upgrade(
             show_default=False,
         ),
     ] = None,
+    citus: Annotated[
+        bool | None,
+        typer.Option(
+            "--citus/--no-citus",
+            help="Distribute the tables by session over a Citus cluster (default: when the database has the "
+            "citus extension); --citus fails without it.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
     from calltape.cli.dberrors import database_errors
@@ -80,7 +89,7 @@ def db_upgrade(
 
     url = database_url(ctx)
     with database_errors(url):
-        before, after = run(upgrade(url, grant=grant))
+        before, after = run(upgrade(url, grant=grant, citus=citus))
     place = where(url)
     if json_out:
         result: dict[str, object] = {"database": place, "before": before, "after": after, "upgraded": before != after}

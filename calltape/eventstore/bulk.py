@@ -179,7 +179,11 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
         assert driver is not None
         try:
             async with driver.transaction():
-                pg_writer = PgWriter(driver, tenant=store.tenant, copy_in=_copy_in(store), everyone=store.all_tenants)
+                # Citus: the import is one transaction over every shard it touches (two-phase commit).
+                writer_class = getattr(store, "writer_class", PgWriter)
+                pg_writer = writer_class(
+                    driver, tenant=store.tenant, copy_in=_copy_in(store), everyone=store.all_tenants
+                )
                 pg_import = BulkImport(pg_writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 yield pg_import
                 await pg_import.finish()

@@ -16,6 +16,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from calltape.errors import CalltapeError, SchemaOutdated
 from calltape.eventstore import tenancy
+from calltape.eventstore.citus import NO_TENANTS, CitusEventStore, distribute, is_distributed
 from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.queries import dumps_data
@@ -130,22 +131,34 @@ def _upgrade(conn: Connection) -> None:
     command.upgrade(cfg, "head")
 
 
-async def upgrade(url: str | None = None, *, grant: str | None = None) -> tuple[str | None, str]:
+async def upgrade(
+    url: str | None = None, *, grant: str | None = None, citus: bool | None = None
+) -> tuple[str | None, str]:
     """Applies the migrations; returns (revision before, revision after).
 
     ``grant`` (PostgreSQL) names an existing role to prepare for the application: rights to read and
     write the calltape tables' rows, nothing more; a role that bypasses row-level security is refused.
+
+    On a database with the ``citus`` extension the tables are then distributed by session (see
+    :mod:`.citus`); ``citus=True`` requires the extension, ``citus=False`` leaves the tables local.
     """
     resolved = resolve_url(url)
-    if grant is not None and make_url(resolved).get_backend_name() != "postgresql":
+    postgres = make_url(resolved).get_backend_name() == "postgresql"
+    if grant is not None and not postgres:
         raise CalltapeError("--grant prepares a PostgreSQL role, and an SQLite file has no roles")
+    if citus and not postgres:
+        raise CalltapeError("--citus distributes a PostgreSQL database, and an SQLite file is not one")
     engine = create_engine(resolved)
     try:
         async with translate_errors(resolved), _schema_transaction(engine) as conn:
             before = await conn.run_sync(_current_revision)
             if before != HEAD:
                 await conn.run_sync(_upgrade)
+            if postgres and citus is not False:
+                await conn.run_sync(lambda sync: distribute(sync, required=bool(citus)))
             if grant is not None:
+                if await conn.run_sync(is_distributed):
+                    raise CalltapeError(NO_TENANTS)
                 role = grant
                 await conn.run_sync(lambda sync: tenancy.grant(sync, role, VERSION_TABLE))
             return before, HEAD
@@ -204,6 +217,9 @@ async def open_store(
             async with engine.connect() as conn:
                 current = await conn.run_sync(_current_revision)
                 bypasses = not sqlite and bool((await conn.execute(text(tenancy.BYPASSES))).scalar())
+                citus = not sqlite and await conn.run_sync(is_distributed)
+                if citus and tenant is not None:
+                    raise CalltapeError(NO_TENANTS)
                 if tenant is not None and bypasses:
                     raise CalltapeError(
                         "the PostgreSQL role of this connection bypasses row-level security, so it cannot be "
@@ -236,7 +252,7 @@ async def open_store(
     if sqlite:
         store = SqliteEventStore(engine, resolved)
     else:
-        store = PostgresEventStore(engine, resolved)
+        store = (CitusEventStore if citus else PostgresEventStore)(engine, resolved)
         store.copy_in = bypasses
         store.held_by_rls = not bypasses
     store.tenant = tenant

@@ -235,6 +235,8 @@ class PostgresEventStore(SqlEventStore):
     held_by_rls = False
     """Whether row-level security holds the connected role (set by ``open_store``): then the database keeps
     the store to its tenant, otherwise calltape filters as on SQLite."""
+    writer_class: type[PgWriter] = PgWriter
+    """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -293,7 +295,7 @@ class PostgresEventStore(SqlEventStore):
         known = self._known_rows(sessions)
         self._forget(sessions)  # remembered again below only from a committed append
         async with self._connection() as conn:
-            writer = PgWriter(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
+            writer = self.writer_class(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
             first = 0
             if known is not None:
                 # The writer's own sessions, as its last append left them: plan against those rows

@@ -1,8 +1,10 @@
 """The event log's tables, defined once: the queries of both backends are built from them, new
 migrations may create from them, and a test checks that the migrations produce exactly this.
 
-The two backends differ in three places, all declared here: ``ct_events.pos`` is a ``bigint``
-identity on PostgreSQL and SQLite's ``INTEGER PRIMARY KEY AUTOINCREMENT``; ``data`` is ``jsonb`` on
+The two backends differ in four places, all declared here: ``ct_events.pos`` is a ``bigint``
+identity on PostgreSQL and SQLite's ``INTEGER PRIMARY KEY AUTOINCREMENT``; on PostgreSQL the primary key
+of ``ct_events`` is ``(session, pos)`` (migration 0004: Citus accepts only keys that include the
+column it shards by; see :mod:`.citus`), on SQLite ``pos`` alone (its rowid); ``data`` is ``jsonb`` on
 PostgreSQL and text on SQLite; and only PostgreSQL has ``txid`` (the transaction that wrote the row,
 which orders the global feed) with its index. A column marked ``info={"only": dialect}`` is left out of
 the other dialect's ``CREATE TABLE``.
@@ -104,7 +106,9 @@ events = Table(
     Index("ct_events_feed", "txid", "pos").ddl_if(dialect="postgresql"),
     sqlite_autoincrement=True,
 )
-"""The log: one row per event; ``(session, seq)`` and ``(session, id)`` unique, ``pos`` the feed order."""
+"""The log: one row per event; ``(session, seq)`` and ``(session, id)`` unique, ``pos`` the feed order.
+
+``pos`` is declared the key as SQLite has it; on PostgreSQL the key is ``(session, pos)`` (see above)."""
 
 snapshots = Table(
     "ct_snapshots",

@@ -146,8 +146,14 @@ async def test_tool_released_at_the_interruption_cap_keeps_its_real_result(store
     await recorder.close()
 
 
-@before_1_8
-async def test_interrupted_handoff_is_recorded_as_livekits_error(store: EventStore, session_id: str) -> None:
+@pytest.mark.parametrize("handoff", [True, False], ids=["handoff", "plain"])
+async def test_interrupted_handoff_is_recorded_as_livekits_error(
+    store: EventStore, session_id: str, handoff: bool
+) -> None:
+    """An unguarded tool that returned before its turn was cut: 1.8 keeps the call with the tool's
+    return (a handoff: an error, the handoff does not happen); 1.6/1.7 drop the call, and calltape
+    records the same output as 1.8 and puts the call with it into LiveKit's live context."""
+
     class Billing(Agent):
         def __init__(self) -> None:
             super().__init__(instructions="You handle billing.")
@@ -162,30 +168,42 @@ async def test_interrupted_handoff_is_recorded_as_livekits_error(store: EventSto
             await asyncio.sleep(0.1)
             return Billing()
 
+        @function_tool
+        async def open_ticket(self, ctx: RunContext[Any]) -> str:
+            """Opens a billing ticket."""
+            await asyncio.sleep(0.1)
+            return "ticket 42"
+
+    name = "transfer_to_billing" if handoff else "open_ticket"
     preamble = "Transferring you to billing right now, one moment please."
-    llm_ = ScriptedLLM(
-        [Step(preamble, [("call_1", "transfer_to_billing", {})], calls_first=True, word_delay=0.1), Step("ok")]
-    )
+    llm_ = ScriptedLLM([Step(preamble, [("call_1", name, {})], calls_first=True, word_delay=0.1), Step("ok")])
     recorder, call = await start_call(store, session_id, agent="triage", instructions="You triage.")
     session: AgentSession[Any] = AgentSession(llm=llm_)
     events = ToolEvents(session)
     tap = attach(session, call)
     await session.start(Triage())
     handle = session.generate_reply(user_input="billing please")
-    await asyncio.sleep(0.35)  # the tool has returned the new agent; the preamble is still playing
+    await asyncio.sleep(0.35)  # the tool has returned; the preamble is still playing
     assert events.ended and not handle.done()
     session.interrupt()
     await handle.wait_for_playout()
     await asyncio.sleep(0.1)
 
-    # upstream: the handoff did not happen, and LiveKit says so in the call's output
+    # upstream: a handoff did not happen
     assert session.current_agent.id == "triage"
-    kept = history_output(session, "call_1")
-    assert kept.is_error and kept.output
-
     await recorder.flush()
     outputs = await durable_calls(store, session_id)
-    assert outputs["call_1"]["output"] == kept.output and outputs["call_1"]["status"] == "error"
+    assert outputs["call_1"]["status"] == ("error" if handoff else "completed")
+    if not handoff:
+        assert outputs["call_1"]["output"] == "ticket 42"
+    # LiveKit's history and its live context hold the call once with calltape's one output (1.8
+    # writes it itself; before, calltape inserts it)
+    kept = history_output(session, "call_1")
+    assert kept.is_error == handoff and kept.output
+    assert outputs["call_1"]["output"] == kept.output
+    live = [i for i in session.current_agent.chat_ctx.items if getattr(i, "call_id", None) == "call_1"]
+    assert [type(i).__name__ for i in live] == ["FunctionCall", "FunctionCallOutput"]
+    assert live[1].output == kept.output  # type: ignore[union-attr]
     assert call.agent == "triage"
 
     await session.aclose()

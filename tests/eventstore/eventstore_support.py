@@ -19,6 +19,31 @@ from calltape.eventstore.postgres import PgWriter
 T = TypeVar("T")
 
 
+def on_citus(store: EventStore) -> bool:
+    """Whether the store is on a Citus cluster (the suite runs there with ``$CALLTAPE_TEST_CITUS_URL``)."""
+    from calltape.eventstore.citus import CitusEventStore
+
+    return isinstance(store, CitusEventStore)
+
+
+def atomic_across_sessions(store: EventStore) -> bool:
+    """Whether one append of several sessions commits all or nothing (not on Citus, which commits each
+    shard apart: see calltape/eventstore/citus.py)."""
+    return not on_citus(store)
+
+
+TRIGGERS_ON_CITUS = "SET LOCAL citus.enable_unsafe_triggers = on"
+"""What a test's own trigger on a distributed table needs (Citus then creates it on every shard)."""
+
+
+def skip_unless_atomic_across_sessions(store: EventStore) -> None:
+    """Skips a test of a promise Citus does not make (atomicity and order across sessions in one append)."""
+    import pytest
+
+    if not atomic_across_sessions(store):
+        pytest.skip("on Citus an append commits each shard apart: no atomicity or order across sessions")
+
+
 def started(session: str, agent: str = "triage", **data: Any) -> Event:
     return make_event(session, "session.started", {"agent": agent, **data})
 

@@ -6,7 +6,7 @@ Every test runs on SQLite and on PostgreSQL (the parametrized ``store`` fixture)
 from __future__ import annotations
 
 import pytest
-from eventstore_support import started, text, texts
+from eventstore_support import skip_unless_atomic_across_sessions, started, text, texts
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent
 from calltape.events import make_event
@@ -51,6 +51,7 @@ async def test_batch_spanning_sessions(store, session_id):
 
 
 async def test_batch_is_atomic_across_sessions(store, session_id):
+    skip_unless_atomic_across_sessions(store)
     a, b = f"{session_id}-a", f"{session_id}-b"
     await store.append([started(b)])
     with pytest.raises(InvalidEvent):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from eventstore_support import TcpProxy, started, text
+from eventstore_support import TRIGGERS_ON_CITUS, TcpProxy, on_citus, started, text
 from sqlalchemy import text as sql
 from sqlalchemy.engine import make_url
 
@@ -150,8 +150,7 @@ def test_spill_files_of_concurrent_processes_never_collide(tmp_path: Path) -> No
     """Three processes spilling 40 files each in the same milliseconds: 120 whole files, none lost."""
     start = time.time() + 1.5
     procs = [
-        subprocess.Popen([sys.executable, "-c", SPILLER, str(tmp_path), f"p{n}", "40", str(start)])
-        for n in range(3)
+        subprocess.Popen([sys.executable, "-c", SPILLER, str(tmp_path), f"p{n}", "40", str(start)]) for n in range(3)
     ]
     assert [p.wait(60) for p in procs] == [0, 0, 0]
     files = sorted(tmp_path.iterdir())
@@ -172,6 +171,8 @@ async def _install_poison_trigger(store: EventStore, poison: str) -> None:
     every event whose id is ``poison``."""
     engine = store.engine  # type: ignore[attr-defined]
     async with engine.begin() as conn:
+        if on_citus(store):
+            await conn.execute(sql(TRIGGERS_ON_CITUS))
         if store.dialect == "postgresql":
             await conn.execute(
                 sql(
@@ -200,6 +201,8 @@ async def _install_poison_trigger(store: EventStore, poison: str) -> None:
 async def _drop_poison_trigger(store: EventStore) -> None:
     engine = store.engine  # type: ignore[attr-defined]
     async with engine.begin() as conn:
+        if on_citus(store):
+            await conn.execute(sql(TRIGGERS_ON_CITUS))
         if store.dialect == "postgresql":
             await conn.execute(sql("DROP TRIGGER IF EXISTS ct_test_poison ON ct_events"))
         else:

@@ -13,14 +13,14 @@ from typing import Any
 from livekit.agents import RunContext
 from livekit.agents.voice import SpeechHandle
 
-from calltape.adapters.livekit.tap import interrupt_cause, tap_of
+from calltape.adapters.livekit.tap import LiveKitTap, tap_of
 from calltape.errors import Interrupted
 
 __all__ = ["wait_for_playout"]
 
 
-def _interrupted_error(handle: SpeechHandle, reply: str | None) -> Interrupted:
-    return Interrupted(reply or handle.id, interrupt_cause(handle))
+def _interrupted_error(handle: SpeechHandle, tap: LiveKitTap | None, reply: str | None) -> Interrupted:
+    return Interrupted(reply or handle.id, tap.interruption_cause() if tap is not None else None)
 
 
 async def wait_for_playout(target: RunContext[Any] | SpeechHandle, *, timeout: float | None = None) -> None:
@@ -34,7 +34,7 @@ async def wait_for_playout(target: RunContext[Any] | SpeechHandle, *, timeout: f
     tap = tap_of(target.session) if isinstance(target, RunContext) else None
     reply = tap.reply_of_handle(handle) if tap is not None else None
     if handle.interrupted:
-        raise _interrupted_error(handle, reply)
+        raise _interrupted_error(handle, tap, reply)
     waiter = asyncio.ensure_future(target.wait_for_playout())
     try:
         async with asyncio.timeout(timeout):
@@ -43,5 +43,5 @@ async def wait_for_playout(target: RunContext[Any] | SpeechHandle, *, timeout: f
         if not waiter.done():
             waiter.cancel()
     if not waiter.done():
-        raise _interrupted_error(handle, reply)
+        raise _interrupted_error(handle, tap, reply)
     waiter.result()

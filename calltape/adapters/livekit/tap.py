@@ -21,6 +21,10 @@ Mapping notes (why the tap looks where it looks):
   ``tool.progress``, the later real result is the ``tool.result``.
 * A guarded call of an interrupted turn: LiveKit 1.6/1.7 keep neither the call nor its output, so
   once it lands the tap inserts both into the agent's live context (:meth:`LiveKitTap.land`).
+  An unguarded call of an interrupted turn that had ended is dropped the same way there (and a
+  handoff it returned does not happen): the tap records the output 1.8 keeps for it (the tool's
+  return; for a handoff, an error saying it did not happen) and inserts the call and that output
+  into the live context (:meth:`LiveKitTap._settle_dropped`).
 * User turns are the ones LiveKit commits to its context (``conversation_item_added`` with a user
   message), recorded with LiveKit's text; STT results before that are only the pending interim.
   Speech LiveKit discards (over a reply that cannot be interrupted) never becomes a calltape user
@@ -35,12 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import typing
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from livekit.agents import AgentSession, llm
+from livekit.agents import Agent, AgentSession, llm
 from livekit.agents.voice import SpeechHandle
 from livekit.agents.voice.events import (
     AgentStateChangedEvent,
@@ -72,12 +77,8 @@ only) or a :class:`~calltape.runtime.LiveCall` (barge-in, end and guarded tools 
 _TAPS: weakref.WeakKeyDictionary[AgentSession[Any], LiveKitTap] = weakref.WeakKeyDictionary()
 
 _DROP_REASONS = frozenset({"error", "participant_disconnected", "job_shutdown"})
-_CAUSES = {"audio_activity": "user_speech", "user_turn": "user_speech", "programmatic": "api"}
-
-
-def interrupt_cause(handle: SpeechHandle) -> str | None:
-    """calltape's ``cause`` for how LiveKit says a speech was interrupted (None: it does not say)."""
-    return _CAUSES.get(str(getattr(handle, "_interrupt_source", "") or ""))
+HANDOFF_INTERRUPTED = "the agent handoff was interrupted and did not happen"
+"""The output calltape records for a handoff tool whose turn was interrupted (the handoff never happens)."""
 
 
 @dataclass(slots=True)
@@ -101,6 +102,8 @@ class LiveKitTap:
         self._speeches: dict[str, _Speech] = {}
         self._last: _Speech | None = None
         self._guarded_calls: set[str] = set()
+        self._unguarded: dict[str, llm.FunctionCall] = {}
+        """Unguarded calls that started, until they settle."""
         self._deferred: set[str] = set()
         """Calls that reported progress: their real result comes with their end, not before."""
         self._ended: dict[str, ToolCallEnded] = {}
@@ -112,6 +115,8 @@ class LiveKitTap:
         self._heard_user = False
         """STT gave something since the agent's last reply began: a committed turn is spoken."""
         self._user_speaking = False
+        self._user_spoke = False
+        """The user's VAD said speech started since the agent's last reply began."""
         self._agent: str | None = None
         self._speaking: str | None = None
         """The reply whose speech the agent state last reported playing."""
@@ -145,6 +150,14 @@ class LiveKitTap:
         """Waits for the tap's background work (speech watchers, the close of the call)."""
         while pending := [t for t in self._tasks if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    def interruption_cause(self) -> str:
+        """The ``cause`` of an interruption happening now, from what calltape itself observed.
+
+        ``user_speech`` when the user is speaking or started to (VAD) or was transcribed since the
+        agent's reply began, else ``api`` (the app interrupted). LiveKit's own interruption source is
+        private, so it is not read."""
+        return "user_speech" if self._user_speaking or self._user_spoke or self._heard_user else "api"
 
     def reply_of(self, call_id: str) -> str | None:
         """The calltape reply a function call belongs to (None before the tap saw the call)."""
@@ -183,7 +196,7 @@ class LiveKitTap:
         self._close_reply(sp)
         sp.step, sp.reply = step, f"{sp.handle.id}_{step}"
         self._last = sp
-        self._heard_user = False
+        self._heard_user = self._user_spoke = False
         self._emit("agent.reply.started", {"reply": sp.reply, "speech_id": sp.handle.id, "step": step})
         return sp.reply
 
@@ -215,6 +228,8 @@ class LiveKitTap:
         if handle.interrupted:
             self._on_interrupted(sp)
         await done
+        if handle.interrupted:
+            self._settle_dropped(handle)
         self._close_reply(sp)
         self._speeches.pop(handle.id, None)
 
@@ -224,8 +239,7 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
-        # LiveKit >= 1.7 says how a speech was interrupted; before, a barge-in is the user speaking
-        cause = interrupt_cause(sp.handle) or ("user_speech" if self._user_speaking else "api")
+        cause = self.interruption_cause()
         if self.live is not None and not self.replies.holding:
             self.live.interrupt(reply=sp.reply, cause=cause)
         else:
@@ -298,7 +312,7 @@ class LiveKitTap:
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking" and not self._user_speaking:
-            self._user_speaking = True
+            self._user_speaking = self._user_spoke = True
             self._emit("user.speech.started", {"source": "vad"})
         elif ev.new_state != "speaking" and self._user_speaking:
             self._user_speaking = False
@@ -364,14 +378,26 @@ class LiveKitTap:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    def _is_guarded(self, name: str) -> bool:
+    def _tool(self, name: str) -> Any:
         tools: list[Any] = list(self.session.tools)
         with contextlib.suppress(RuntimeError):
             tools += self.session.current_agent.tools
         for tool in llm.ToolContext(tools).function_tools.values():
             if tool.info.name == name:
-                return bool(getattr(tool, "__calltape_guarded__", False))
-        return False
+                return tool
+        return None
+
+    def _is_guarded(self, name: str) -> bool:
+        return bool(getattr(self._tool(name), "__calltape_guarded__", False))
+
+    def _returns_agent(self, name: str) -> bool:
+        """The tool is a handoff: its return annotation names an ``Agent`` (LiveKit 1.6/1.7 say so nowhere else)."""
+        tool = self._tool(name)
+        try:
+            hints = typing.get_type_hints(tool) if tool is not None else {}
+        except Exception:  # an annotation that does not resolve: not known to be a handoff
+            return False
+        return _mentions_agent(hints.get("return"))
 
     def _settled(self, call_id: str) -> bool:
         state = self.replies.fold.tool_call(call_id)
@@ -394,6 +420,7 @@ class LiveKitTap:
             if self._is_guarded(fc.name):
                 self._guarded_calls.add(fc.call_id)
             else:
+                self._unguarded[fc.call_id] = fc
                 self._emit("tool.started", {"call": fc.call_id})
         elif isinstance(update, ToolCallUpdated):
             # ctx.update(), or LiveKit releasing a tool its interrupted turn stopped waiting for:
@@ -412,6 +439,7 @@ class LiveKitTap:
         if self._settled(call_id):
             return
         if update.status == "cancelled":
+            self._unguarded.pop(call_id, None)
             self._emit("tool.cancelled", {"call": call_id, "reason": "cancelled", "outcome": "unknown"})
             return
         if call_id in self._deferred or update.id != call_id:
@@ -432,6 +460,7 @@ class LiveKitTap:
 
     def _record_result(self, call_id: str, output: Any, error: bool) -> None:
         self._ended.pop(call_id, None)
+        self._unguarded.pop(call_id, None)
         data: dict[str, Any] = {"call": call_id, "output": output}
         if error:
             data["error"] = True
@@ -495,6 +524,27 @@ class LiveKitTap:
                     item.output = output
                     item.is_error = state.status == "error"
 
+    def _settle_dropped(self, handle: SpeechHandle) -> None:
+        """The interrupted speech is done and LiveKit gave no output for calls of it that had ended.
+
+        LiveKit 1.6/1.7 drop an interrupted turn's calls (1.8 reports them before the speech is
+        done, so nothing is left here): each is recorded with the output 1.8 keeps for it, the
+        tool's return or, for a handoff (which does not happen), an error saying so, never an empty
+        success; the call and that output go into the agent's live context and the history, so
+        LiveKit's context and calltape's say the same before the next inference."""
+        prefix = f"{handle.id}_"
+        for call_id, update in list(self._ended.items()):
+            state = self.replies.fold.tool_call(call_id)
+            fc = self._unguarded.get(call_id)
+            if fc is None or state is None or not (state.reply or "").startswith(prefix) or self._settled(call_id):
+                continue
+            if self._returns_agent(fc.name):
+                output, error = HANDOFF_INTERRUPTED, True
+            else:
+                output, error = update.message or "", update.status == "error"
+            self._record_result(call_id, output, error)
+            self._spawn(self._put_live(fc, output, error))
+
     def hold(self, task: asyncio.Future[Any]) -> None:
         """Keeps a guarded call's task in the tap's background work (:meth:`drain` waits for it)."""
         self._tasks.add(task)
@@ -513,13 +563,17 @@ class LiveKitTap:
         state = self.replies.fold.tool_call(fc.call_id)
         if state is None or state.status == "in_progress":
             return
+        output = state.output if isinstance(state.output, str) else json.dumps(state.output)
+        await self._put_live(fc, output, state.status != "completed")
+
+    async def _put_live(self, fc: llm.FunctionCall, output: str, is_error: bool) -> None:
+        """Inserts a call LiveKit left out, with its one output, into the live context and the history."""
         try:
             agent = self.session.current_agent
         except RuntimeError:
             return
         if any(getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items):
             return  # LiveKit kept the call (1.8): the other reconciliations apply
-        output = state.output if isinstance(state.output, str) else json.dumps(state.output)
         call = llm.FunctionCall(
             call_id=fc.call_id, name=fc.name, arguments=fc.arguments or "{}", created_at=fc.created_at
         )
@@ -527,7 +581,7 @@ class LiveKitTap:
             call_id=fc.call_id,
             name=fc.name,
             output=output,
-            is_error=state.status != "completed",
+            is_error=is_error,
             created_at=fc.created_at + 1e-6,  # right after its call, not after what was said since
         )
         self.session.history.insert([call, result])
@@ -541,6 +595,7 @@ class LiveKitTap:
             if not self._settled(call_id) and call_id not in self._guarded_calls:
                 self._record_result(call_id, update.message or "", update.status == "error")
         self._ended.clear()
+        self._unguarded.clear()
 
     # -- end of the call ------------------------------------------------------------------------
 
@@ -566,6 +621,12 @@ def _speech_done(handle: SpeechHandle) -> asyncio.Future[None]:
 
     handle.add_done_callback(_done)
     return done
+
+
+def _mentions_agent(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, Agent):
+        return True
+    return any(_mentions_agent(arg) for arg in typing.get_args(annotation))
 
 
 def attach(session: AgentSession[Any], call: EventSink) -> LiveKitTap:

@@ -50,8 +50,11 @@ def upgrade() -> None:
     op.add_column("ct_tombstones", sa.Column("tenant", sa.Text))
     if op.get_bind().dialect.name != "postgresql":
         return
-    # The guard of migration 0002 runs as the tables' owner, so it sees every tenant's tombstones.
-    op.execute("ALTER FUNCTION ct_refuse_erased() SECURITY DEFINER SET search_path FROM CURRENT")
+    # The guard of migration 0002 runs as the tables' owner, so it sees every tenant's tombstones; its
+    # search path is fixed to the migration's (what ``FROM CURRENT`` does, spelled out because Citus
+    # propagates the function to its workers and refuses ``FROM CURRENT`` there).
+    path = op.get_bind().exec_driver_sql("SELECT current_setting('search_path')").scalar()
+    op.execute(f"ALTER FUNCTION ct_refuse_erased() SECURITY DEFINER SET search_path TO {path}")
     for statement in _policies():
         op.execute(statement)
 
