@@ -6,7 +6,9 @@ no keys, no network)
 ``build_worker`` stands for your agent: your real pipeline, with the network services passed in, so
 the test hands it calltape's offline stand-ins (``ScriptedLLM``, ``ScriptedSTT``, ``ScriptedTTS``,
 ``OfflineTransport``). The test plays one call, then replays it once per event boundary with the caller
-barging in exactly there, and checks every run: the ``calltape check`` rules, the context invariants,
+barging in exactly there, and once per tool call with the call dropped and resumed while it runs
+(a new pipeline, built by ``build_worker`` on the resumed call's context, carries the call on), and
+checks every run: the ``calltape check`` rules, the context invariants,
 and the assertion below. A failure names the instant and prints the call's timeline.
 """
 
@@ -47,9 +49,16 @@ REFILLS: dict[str, list[str]] = {}  # the pharmacy's side effects, per call
 
 
 def build_worker(
-    call: CallSession, *, llm: LLMService, stt: STTService, tts: TTSService, transport: BaseTransport
+    call: CallSession,
+    *,
+    llm: LLMService,
+    stt: STTService,
+    tts: TTSService,
+    transport: BaseTransport,
+    context: LLMContext | None = None,
 ) -> PipelineWorker:
-    """A pharmacy line: refills a prescription, then says goodbye and hangs up."""
+    """A pharmacy line: refills a prescription, then says goodbye and hangs up (``context``: a resumed
+    call's, else a new call's)."""
 
     async def refill_prescription(params: FunctionCallParams) -> None:
         await asyncio.sleep(0.2)  # the pharmacy's API
@@ -64,7 +73,7 @@ def build_worker(
     register_function(llm, call, "refill_prescription", refill_prescription, cancel_on_interruption=False)
     register_function(llm, call, "end_call", end_call)
 
-    context = LLMContext(messages=[{"role": "system", "content": "You are a pharmacy's phone agent."}])
+    context = context or LLMContext(messages=[{"role": "system", "content": "You are a pharmacy's phone agent."}])
     pair = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
@@ -88,8 +97,17 @@ async def one_call(call: CallSession) -> None:
         ],
         run_in_parallel=False,
     )
-    worker = build_worker(call, llm=llm, stt=ScriptedSTT(), tts=ScriptedTTS(), transport=OfflineTransport())
-    async with PipecatCaller(worker, call) as caller:
+
+    def offline(llm: ScriptedLLM, context: LLMContext | None = None) -> PipelineWorker:
+        return build_worker(
+            call, llm=llm, stt=ScriptedSTT(), tts=ScriptedTTS(), transport=OfflineTransport(), context=context
+        )
+
+    # After a drop, a new pipeline (a new LLM with what is left of the script) on the resumed context.
+    def rebuild(context: LLMContext) -> PipelineWorker:
+        return offline(ScriptedLLM(list(llm.turns), run_in_parallel=False), context)
+
+    async with PipecatCaller(offline(llm), call, rebuild=rebuild) as caller:
         await caller.says("I need my prescription refilled, number RX-1")
         await caller.settled()
 
@@ -110,4 +128,5 @@ async def test_every_barge_in_instant() -> None:
         concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
     )
     exploration.assert_ok()
-    print(f"{len(exploration.runs)} runs in {exploration.seconds:.1f} s")
+    drops = sum(r.dropped is not None for r in exploration.runs)  # one per tool call, on a new pipeline
+    print(f"{len(exploration.runs)} runs ({drops} with a drop) in {exploration.seconds:.1f} s")

@@ -29,7 +29,7 @@ import importlib
 import inspect
 import re
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -45,6 +45,7 @@ with requires_extra("pipecat", "the Pipecat test harness (calltape.testing.pipec
         LLMContextFrame,
         LLMFullResponseEndFrame,
         LLMFullResponseStartFrame,
+        LLMRunFrame,
         OutputAudioRawFrame,
         StartFrame,
         TranscriptionFrame,
@@ -63,8 +64,9 @@ with requires_extra("pipecat", "the Pipecat test harness (calltape.testing.pipec
     from pipecat.utils.time import time_now_iso8601
     from pipecat.workers.runner import WorkerRunner
 
-from calltape.adapters.pipecat import CalltapeObserver
-from calltape.runtime import CallSession
+from calltape.adapters.pipecat import CalltapeObserver, seed_llm_context
+from calltape.runtime import CallSession, ResumePlan
+from calltape.testing.dropresume import set_drop_carrier
 from calltape.testing.explore import set_barge_in
 from calltape.testing.script import Call, Pause, Say, Step, settled
 
@@ -279,17 +281,43 @@ class PipecatCaller:
     :class:`~calltape.adapters.pipecat.CalltapeObserver` unless the worker has one, starts the
     pipeline, and makes :func:`calltape.testing.explore.explore` land its barge-ins as this caller
     starting to talk over the bot (VAD, then transcripts), the way a real barge-in reaches Pipecat.
-    On exit the pipeline ends with an ``EndFrame`` (which ends the call)."""
+    On exit the pipeline ends with an ``EndFrame`` (which ends the call).
 
-    def __init__(self, worker: PipelineWorker, call: CallSession, *, stt: ScriptedSTT | None = None) -> None:
+    With ``rebuild`` (your function building the agent's worker around a given ``LLMContext``) the
+    caller also carries a drop over, as a lost agent process would: at the drop the pipeline is cut
+    off from the call and cancelled, and after the resume ``rebuild(context)`` builds a new pipeline on
+    the plan's settled context (:func:`~calltape.adapters.pipecat.seed_llm_context`), which takes the
+    call on at the new epoch and speaks first. A processor cannot join a second pipeline, so without
+    ``rebuild`` the exploration runs no drops for this caller (and its notes say so)."""
+
+    def __init__(
+        self,
+        worker: PipelineWorker,
+        call: CallSession,
+        *,
+        stt: ScriptedSTT | None = None,
+        rebuild: Callable[[LLMContext], PipelineWorker] | None = None,
+    ) -> None:
         self.worker = worker
         self.call = call
         self.stt = stt if stt is not None else _find(worker, ScriptedSTT)
+        self.rebuild = rebuild
+        """After a drop, the new worker around the resumed call's context (None: drops are not carried)."""
         self._runner = WorkerRunner(handle_sigint=False)
         self._task: asyncio.Task[Any] | None = None
         self._running = False
+        self._lost: asyncio.Future[None] | None = None
+        self._carried = asyncio.Event()
+        self._carried.set()
 
     async def __aenter__(self) -> PipecatCaller:
+        await self._open()
+        set_barge_in(self.call, self.barge_in)
+        if self.rebuild is not None:
+            set_drop_carrier(self.call, self)
+        return self
+
+    async def _open(self) -> None:
         if not any(isinstance(o, CalltapeObserver) for o in _observers(self.worker)):
             self.worker.add_observer(CalltapeObserver(self.call))
         started = asyncio.Event()
@@ -298,22 +326,23 @@ class PipecatCaller:
             started.set()
 
         self.worker.add_event_handler("on_pipeline_started", _started)
+        self._runner = WorkerRunner(handle_sigint=False)
         await self._runner.add_workers(self.worker)
         self._task = asyncio.create_task(self._runner.run())
         waiter = asyncio.ensure_future(started.wait())
         await asyncio.wait({waiter, self._task}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
         if not started.is_set():
             waiter.cancel()
-            await self._stop()
+            await self._stop(self.worker, self._task)
             raise RuntimeError("the Pipecat pipeline did not start within 10 s")
         self._running = True
-        set_barge_in(self.call, self.barge_in)
-        return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._running = False
+        if self._lost is not None:
+            await self._lost
         if kind is None:
             await self.worker.queue_frame(EndFrame())
             try:
@@ -321,20 +350,50 @@ class PipecatCaller:
                 return
             except TimeoutError:
                 pass
-        await self._stop()
+        await self._stop(self.worker, self._task)
 
     async def _done(self) -> None:
         assert self._task is not None
         await self._task
 
-    async def _stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            await self.worker.cancel()
+    @staticmethod
+    async def _stop(worker: PipelineWorker, task: asyncio.Task[Any] | None) -> None:
+        if task is not None and not task.done():
+            await worker.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._task, 5)
+                await asyncio.wait_for(task, 5)
+
+    # -- a drop (exploration's drop runs): the pipeline is lost, a new one carries the call on ----
+
+    def lose(self) -> None:
+        """The agent's process is lost: the pipeline is cut off from the call (nothing it does is
+        recorded any more) and cancelled; the caller waits for :meth:`carry_on` before speaking again."""
+        self._running = False
+        self._carried.clear()
+        for observer in _observers(self.worker):
+            if isinstance(observer, CalltapeObserver):
+                observer.detach()
+        self._lost = asyncio.ensure_future(self._stop(self.worker, self._task))
+
+    async def carry_on(self, plan: ResumePlan) -> None:
+        """The call was resumed (``plan``): :attr:`rebuild` builds a new pipeline on the resumed call's
+        settled context, which takes the call on at the new epoch and speaks first, as a resumed
+        agent does."""
+        try:
+            if self._lost is not None:
+                await self._lost
+                self._lost = None
+            assert self.rebuild is not None
+            self.worker = self.rebuild(seed_llm_context(self.call))
+            self.stt = _find(self.worker, ScriptedSTT)
+            await self._open()
+            await self.worker.queue_frame(LLMRunFrame())
+        finally:
+            self._carried.set()
 
     async def says(self, text: str) -> None:
         """One complete utterance: speech starts, the transcript arrives, speech stops."""
+        await self._carried.wait()
         await self._speak(text)
 
     async def barge_in(self, text: str = "wait") -> None:
@@ -358,8 +417,13 @@ class PipecatCaller:
         await self.worker.queue_frame(VADUserStoppedSpeakingFrame())
 
     async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
-        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`)."""
-        await settled(self.call, quiet=quiet, timeout=timeout)
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
+        on the new pipeline when the call was dropped meanwhile."""
+        while True:
+            await self._carried.wait()
+            await settled(self.call, quiet=quiet, timeout=timeout)
+            if self._carried.is_set():
+                return
 
 
 def _observers(worker: PipelineWorker) -> list[Any]:

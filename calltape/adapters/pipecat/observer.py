@@ -127,11 +127,20 @@ class CalltapeObserver(BaseObserver):
         self._finished: Literal["end", "cancel"] | None = None
         self._finish_reason: str | None = None
         self._settled = False
+        self._detached = False
+
+    def detach(self) -> None:
+        """Cuts the observer off from the call (its agent's process was lost, the call goes on
+        elsewhere): nothing its pipeline does is recorded any more, and the pipeline's end neither
+        ends nor drops the session."""
+        self._detached = self._settled = True
 
     # -- the pipecat hooks ---------------------------------------------------------------------
 
     async def on_process_frame(self, data: FrameProcessed) -> None:
         """Learns the pipeline's shape, and records what the context aggregators take."""
+        if self._detached:
+            return
         try:
             processor, frame = data.processor, data.frame
             if isinstance(processor, BaseOutputTransport):
@@ -156,6 +165,8 @@ class CalltapeObserver(BaseObserver):
 
     async def on_push_frame(self, data: FramePushed) -> None:
         """Maps one frame push; never raises into the pipeline and never awaits I/O."""
+        if self._detached:
+            return
         try:
             frame = data.frame
             if isinstance(data.source, BaseOutputTransport) and data.direction == FrameDirection.DOWNSTREAM:
