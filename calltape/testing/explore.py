@@ -318,7 +318,7 @@ async def _explore(
     if calls and hook.uncarried:
         notes.append(
             f"no drop runs ({len(calls)} tool call{'s' if len(calls) != 1 else ''} started): the scenario's "
-            "framework caller does not carry a drop over to a new session"
+            "framework caller does not carry a drop over to a new session (PipecatCaller: pass rebuild=)"
         )
         calls = []
     runs = await asyncio.gather(

@@ -145,7 +145,7 @@ async def test_the_guarded_agent_passes_every_boundary() -> None:
         if any(e.type == "tool.cancelled" and e.data.get("outcome") == "not_run" for e in r.events)
     ]
     assert not_run and all(not HANG_UPS.get(r.events[0].session) for r in not_run)
-    # PipecatCaller does not carry a drop over to a new pipeline yet: no drop runs, and the note says so
+    # without rebuild= PipecatCaller cannot carry a drop over to a new pipeline: no drop runs, and the note says so
     assert [r for r in exploration.runs if r.dropped] == []
     assert len(exploration.notes) == 1 and "does not carry a drop" in exploration.notes[0]
     assert time.perf_counter() - started < 120

@@ -158,3 +158,4 @@ async def test_without_rebuild_there_are_no_drop_runs_and_the_notes_say_so() -> 
     exploration.assert_ok()
     assert [r for r in exploration.runs if r.dropped] == []
     assert len(exploration.notes) == 1 and "does not carry a drop" in exploration.notes[0]
+    assert "PipecatCaller: pass rebuild=" in exploration.notes[0]
