@@ -144,30 +144,42 @@ async def test_an_sqlite_erasure_in_steps_commits_step_by_step(tmp_path: Path, s
     assert all(count % 500 == 0 and top == count for count, top in seen)  # whole steps, the newest first
 
 
-def test_cli_delete_then_reimport_is_refused_and_writes_nothing(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path}/calls.db"
-    calltape = [str(Path(sys.executable).with_name("calltape")), "--db", db]
+def test_cli_delete_then_reimport_is_refused_and_writes_nothing(
+    store_url: str, session_id: str, tmp_path: Path
+) -> None:
+    """The CLI way, on both backends: delete, then a re-import of an old export is refused, writes nothing."""
+    gone, kept = f"{session_id}-del", f"{session_id}-keep"
+    calltape = [str(Path(sys.executable).with_name("calltape")), "--db", store_url]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*calltape, *args], capture_output=True, text=True, timeout=120)
 
     async def record() -> None:
-        s = await open_store(db)
-        await s.append([started("call-del"), text("call-del", "hello"), started("call-keep")])
+        s = await open_store(store_url)
+        await s.append([started(gone), text(gone, "hello"), started(kept)])
         await s.close()
+
+    async def stored(session: str) -> int:
+        s = await open_store(store_url)
+        try:
+            return len(await s.read(session))
+        finally:
+            await s.close()
 
     asyncio.run(record())
     export = tmp_path / "all.jsonl"
-    export.write_text(run("export", "call-del").stdout + run("export", "call-keep").stdout)
-    deleted = run("delete", "call-del", "--yes", "--json")
+    export.write_text(run("export", gone).stdout + run("export", kept).stdout)
+    deleted = run("delete", gone, "--yes", "--json")
     assert deleted.returncode == 0, deleted.stderr
-    assert orjson.loads(deleted.stdout) == [{"session": "call-del", "events": 2}]
+    assert orjson.loads(deleted.stdout) == [{"session": gone, "events": 2}]
     again = run("import", str(export))
     assert again.returncode != 0 and "erased" in again.stderr and "Traceback" not in again.stderr
-    assert run("export", "call-del").returncode != 0
+    assert run("export", gone).returncode != 0
+    assert asyncio.run(stored(gone)) == 0 and asyncio.run(stored(kept)) == 1  # the refused import wrote nothing
     pruned = run("prune", "--older-than", "30d", "--dry-run", "--json")
     assert pruned.returncode == 0, pruned.stderr
-    assert orjson.loads(pruned.stdout)["sessions"] == 0
+    if store_url.startswith("sqlite"):  # the PostgreSQL test database holds other tests' old calls
+        assert orjson.loads(pruned.stdout)["sessions"] == 0
     bad = run("prune", "--older-than", "soon")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
 

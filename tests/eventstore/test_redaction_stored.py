@@ -130,15 +130,15 @@ async def test_redaction_after_the_fact(store: EventStore, session_id: str) -> N
     assert [e.type for e in await store.read(session_id)].count("session.redacted") == 1
 
 
-def test_cli_redact_then_export_and_show_hold_no_card(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path}/calls.db"
+def test_cli_redact_then_export_and_show_hold_no_card(store_url: str, session_id: str) -> None:
+    db, call = store_url, session_id
 
     async def record() -> None:
         store = await open_store(db)
         await store.append(
             [
-                started("call-r"),
-                *[make_event("call-r", "user.transcript", {"text": t, "final": True}) for t in SPOKEN_HALVES],
+                started(call),
+                *[make_event(call, "user.transcript", {"text": t, "final": True}) for t in SPOKEN_HALVES],
             ]
         )
         await store.close()
@@ -149,15 +149,15 @@ def test_cli_redact_then_export_and_show_hold_no_card(tmp_path: Path) -> None:
     def calltape(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
 
-    result = calltape("redact", "call-r", "--kinds", "card", "--json")
+    result = calltape("redact", call, "--kinds", "card", "--json")
     assert result.returncode == 0, result.stderr
     (report,) = orjson.loads(result.stdout)
     assert report["events"] == 2 and report["spans"]["card"] >= 2
-    for args in (("export", "call-r"), ("show", "call-r"), ("context", "call-r")):
+    for args in (("export", call), ("show", call), ("context", call)):
         shown = calltape(*args)
         assert shown.returncode == 0, shown.stderr
         assert not leaks(shown.stdout), args
-    bad = calltape("redact", "call-r", "--kinds", "cards")
+    bad = calltape("redact", call, "--kinds", "cards")
     assert bad.returncode != 0 and "unknown redaction kind" in bad.stderr and "Traceback" not in bad.stderr
     missing = calltape("redact", "nosuch")
     assert missing.returncode != 0 and "nosuch" in missing.stderr and "Traceback" not in missing.stderr
