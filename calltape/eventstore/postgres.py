@@ -102,6 +102,9 @@ _KNOWN_SUMMARIES = _known_append(with_events=False)
 COPY_FROM: Final = 200
 """A batch of this many events or more goes in by COPY (cheaper per row than arrays, one round trip more)."""
 
+DEADLOCK_RETRIES: Final = 3
+"""How many times an append the server picked to break a deadlock is decided again before it raises."""
+
 SESSION_CACHE: Final = 20_000
 """Session rows a store remembers from its own appends (least recently written dropped first)."""
 
@@ -215,7 +218,8 @@ class PgWriter(AppendWriter):
         """Writes a plan made against ``known`` session rows: one statement (summaries checked and
         written, events inserted, NOTIFY), or for a large batch that statement's summaries and a COPY in
         one transaction. Raises ``DivisionByZeroError`` when a row is no longer what ``known`` says."""
-        rows = list(plan.rows.values())
+        # in session order, as lock_sessions takes them: the update locks rows in the order it meets them
+        rows = sorted(plan.rows.values(), key=lambda r: r.session)
         summaries = [[getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS]
         summaries.append([known[r.session].last_seq for r in rows])
         if len(plan.inserts) < COPY_FROM or not self.copy_in:
@@ -310,7 +314,8 @@ class PostgresEventStore(SqlEventStore):
             # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
             # an insert that met a stored id, or a rule that failed — is decided again, for real,
             # with the stored events looked up under the same session locks.
-            for attempt in range(first, 2):
+            attempt, deadlocks = first, 0
+            while True:
                 try:
                     async with conn.transaction():
                         rows = await writer.lock_sessions(sessions)
@@ -324,10 +329,17 @@ class PostgresEventStore(SqlEventStore):
                             await writer.update_sessions(list(plan.rows.values()))
                     self._remember({**rows, **plan.rows})
                     return plan.results
+                except asyncpg.DeadlockDetectedError:
+                    # The server broke a lock cycle with another writer by rolling this transaction back
+                    # whole: nothing of it was written, so it is decided again under the locks.
+                    deadlocks += 1
+                    if deadlocks > DEADLOCK_RETRIES:
+                        raise
+                    attempt = 1
                 except _DECIDE_AGAIN:
                     if attempt:
                         raise
-        raise AssertionError("unreachable")
+                    attempt = 1
 
     # -- reading -----------------------------------------------------------------------------
 
