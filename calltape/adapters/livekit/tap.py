@@ -121,6 +121,8 @@ class LiveKitTap:
         self._speaking: str | None = None
         """The reply whose speech the agent state last reported playing."""
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._calls: set[asyncio.Future[Any]] = set()
+        """Guarded tool calls under way: the user's tools, which :meth:`detach` must not cancel."""
         self._handlers: list[tuple[str, Callable[[Any], None]]] = [
             ("user_input_transcribed", self._on_transcribed),
             ("user_state_changed", self._on_user_state),
@@ -148,7 +150,7 @@ class LiveKitTap:
 
     async def drain(self) -> None:
         """Waits for the tap's background work (speech watchers, the close of the call)."""
-        while pending := [t for t in self._tasks if not t.done()]:
+        while pending := [t for t in (*self._tasks, *self._calls) if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def interruption_cause(self) -> str:
@@ -546,9 +548,10 @@ class LiveKitTap:
             self._spawn(self._put_live(fc, output, error))
 
     def hold(self, task: asyncio.Future[Any]) -> None:
-        """Keeps a guarded call's task in the tap's background work (:meth:`drain` waits for it)."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Keeps a guarded call's task for :meth:`drain` to wait for (:meth:`detach` leaves it running:
+        it stops recording, not the user's tool)."""
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def land(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
         """A guarded call has its outcome: once its speech is done, a call LiveKit left out of the
