@@ -88,6 +88,10 @@ class _Call:
     end_at: int | None = None
 
 
+_AFTER_THE_FACT = frozenset({"session.redacted"})
+"""Events an operator adds to a call after it (``calltape redact``): they do not stretch its time axis."""
+
+
 def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> Picture:
     """Folds ``events`` (one session, in seq order) into the items of its picture."""
     session = events[0].session if events else ""
@@ -115,9 +119,14 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         speech_at = None
 
     live: set[str] = set()  # replies not interrupted (yet)
+    last = 0  # the call's own latest instant
     for event in events:
         seq = event.seq or 0
         at = event.at_ms - first
+        if event.type in _AFTER_THE_FACT:
+            at = last  # stamped when the operator acted, maybe months later: drawn where the call was
+        else:
+            last = max(last, at)
         data = event.data
         kind = event.type
         rid = data.get("reply")
@@ -187,7 +196,7 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
                     dropped.append((drop_at, at))
                 drop_at = None
                 close_speech(at, None)
-    end = events[-1].at_ms - first if events else 0
+    end = last
     close_speech(end, None, open_=True)
     if drop_at is not None:
         dropped.append((drop_at, end))

@@ -168,3 +168,17 @@ def test_a_playout_cut_by_speech_ended_is_an_interruption() -> None:
     assert (reply.status, reply.heard, reply.unheard, reply.end_ms) == ("interrupted", "One two", " three four.", 900)
     marks = [(i.kind, i.start_ms) for i in picture.items if i.lane == "interruption"]
     assert marks == [("cut", 900), ("ignored", 1000)]
+
+
+def test_a_redaction_months_later_does_not_stretch_the_axis() -> None:
+    """``session.redacted`` is stamped when the operator ran ``calltape redact``: drawn at the call's end."""
+    call = events()
+    later = call[-1].at_ms + 200 * 86_400_000
+    marker = parse_event(
+        {"id": "late", "session": call[0].session, "type": "session.redacted", "data": {"kinds": ["card"], "spans": 1}}
+    )
+    marker.at_ms = later
+    picture = build_picture([*call, marker.with_seq(len(call) + 1)])
+    assert picture.duration_ms == build_picture(call).duration_ms
+    (redacted,) = [i for i in picture.items if i.kind == "redacted"]
+    assert redacted.start_ms == call[-1].at_ms - call[0].at_ms
