@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 from sqlalchemy import Connection, text
@@ -41,9 +42,8 @@ from calltape.events import Event
 from calltape.eventstore import postgres
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.postgres import PgWriter, PostgresEventStore
-from calltape.eventstore.queries import dumps_data, to_event, to_session_info
+from calltape.eventstore.queries import dumps_data, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import FeedPosition
 from calltape.eventstore.tenancy import CHANNEL, refuse_foreign
 
 DISTRIBUTION_COLUMN = "session"
@@ -304,15 +304,7 @@ class CitusEventStore(PostgresEventStore):
                 results[i] = stored
         return [e for e in results if e is not None]
 
-    async def feed(
-        self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
-    ) -> list[tuple[FeedPosition, Event]]:
-        """The global feed after ``after``, up to the coordinator's horizon (see the module)."""
-        after = after or FeedPosition(0, 0)
-        if session is not None and await self._hidden(session):
-            return []
-        scope = (self.tenant or "") if self._filters() else None
-        async with self._connection() as conn:
-            horizon = await conn.fetchval(_HORIZON)  # on the coordinator, before the shards are read
-            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session, scope, horizon)
-        return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
+    async def _feed_rows(self, conn: Any, args: tuple[Any, ...]) -> list[Any]:
+        """The feed up to the coordinator's horizon, read before the shards are (see the module)."""
+        horizon = await conn.fetchval(_HORIZON)
+        return list(await conn.fetch(_FEED, *args, horizon))

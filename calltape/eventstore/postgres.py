@@ -351,8 +351,12 @@ class PostgresEventStore(SqlEventStore):
             return []
         scope = (self.tenant or "") if self._filters() else None
         async with self._connection() as conn:
-            rows = await conn.fetch(_FEED, str(after.txid), after.pos, limit, session, scope)
+            rows = await self._feed_rows(conn, (str(after.txid), after.pos, limit, session, scope))
         return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
+
+    async def _feed_rows(self, conn: Any, args: tuple[Any, ...]) -> list[Any]:
+        """The feed's query (``$1`` to ``$5``); Citus reads its horizon on the coordinator first."""
+        return list(await conn.fetch(_FEED, *args))
 
     async def head(self) -> FeedPosition:
         # Not the newest row: a transaction still in flight may hold a lower txid, and its events would
