@@ -36,6 +36,7 @@ from calltape.errors import Interrupted
 from calltape.events import Event
 from calltape.eventstore import EventStore
 from calltape.runtime import CallSession, ToolSpec
+from calltape.testing.virtualtime import JumpingClockLoop
 
 Scenario = Callable[[CallSession], Awaitable[None]]
 """The agent under test, driving one call."""
@@ -190,7 +191,12 @@ async def _one_run(
     from calltape.testing.dropresume import DropHook, carries_drops
 
     run = Run(boundary=at, dropped=drop[1] if drop else None)
-    recorder = Recorder(store)
+    if isinstance(asyncio.get_running_loop(), JumpingClockLoop):
+        # on a virtual clock every timer fires as soon as the loop waits on the database's thread, so
+        # the recorder's give-up timers would fire at once: the store is the test's own, so wait
+        recorder = Recorder(store, close_timeout=None, durable_timeout=None)
+    else:
+        recorder = Recorder(store)
     await recorder.start()
     session = "explored-baseline" if at is None else f"explored-at-{at}"
     if drop is not None:
