@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+import uuid
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,10 +86,14 @@ def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
     none): row-level security reads it, so whatever runs on the connection sees that tenant's rows only.
     """
     if is_memory(url):
-        # An in-memory database lives as long as its one connection: a pool of exactly one keeps it
-        # and hands it to one transaction at a time (SQLite serializes writers anyway).
+        # A pool of exactly one connection hands the database to one transaction at a time (SQLite
+        # serializes writers anyway). The database is a named shared-cache one held open by a keeper
+        # connection that never queries: a pooled connection discarded mid-query (a task cancelled in
+        # a write) would otherwise take the whole database with it.
+        name = f"file:calltape-{uuid.uuid4().hex}?mode=memory&cache=shared"
+        keeper = sqlite3.connect(name, uri=True, check_same_thread=False)
         engine = create_async_engine(
-            url,
+            f"sqlite+aiosqlite:///{name}&uri=true",
             poolclass=AsyncAdaptedQueuePool,
             pool_size=1,
             max_overflow=0,
@@ -98,6 +105,7 @@ def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
             json_deserializer=orjson.loads,
         )
         configure_engine(engine)
+        weakref.finalize(engine, keeper.close)  # the database lives exactly as long as its engine
         return engine
     if make_url(url).get_backend_name() == "sqlite":
         _create_private(Path(make_url(url).database or ""))
