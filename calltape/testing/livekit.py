@@ -50,7 +50,7 @@ from calltape.adapters.livekit import LiveKitTap, attach, rehydrate
 from calltape.runtime import CallSession, ResumePlan
 from calltape.testing.dropresume import set_drop_carrier
 from calltape.testing.explore import set_barge_in
-from calltape.testing.script import Call, Pause, Say, Step, settled
+from calltape.testing.script import Call, Pause, Say, Step, settled_through_drops
 
 __all__ = [
     "SAMPLE_RATE",
@@ -409,8 +409,4 @@ class LiveKitCaller:
     async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
         """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
         on the new session when the call was dropped meanwhile."""
-        while True:
-            await self._carried.wait()
-            await settled(self.call, quiet=quiet, timeout=timeout)
-            if self._carried.is_set():
-                return
+        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)

@@ -68,7 +68,7 @@ from calltape.adapters.pipecat import CalltapeObserver, seed_llm_context
 from calltape.runtime import CallSession, ResumePlan
 from calltape.testing.dropresume import set_drop_carrier
 from calltape.testing.explore import set_barge_in
-from calltape.testing.script import Call, Pause, Say, Step, settled
+from calltape.testing.script import Call, Pause, Say, Step, settled_through_drops
 
 __all__ = [
     "SAMPLE_RATE",
@@ -419,11 +419,7 @@ class PipecatCaller:
     async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
         """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
         on the new pipeline when the call was dropped meanwhile."""
-        while True:
-            await self._carried.wait()
-            await settled(self.call, quiet=quiet, timeout=timeout)
-            if self._carried.is_set():
-                return
+        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)
 
 
 def _observers(worker: PipelineWorker) -> list[Any]:

@@ -8,6 +8,7 @@ streams the words, then asks for the call, the way a real model's stream does.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,3 +79,15 @@ def _owes_follow_up(call: CallSession) -> bool:
         return False
     calls = [t for t in call.fold.tool_calls() if t.reply == replies[-1].reply]
     return bool(calls) and all(t.status == "completed" for t in calls)
+
+
+async def settled_through_drops(
+    carried: asyncio.Event, current: Callable[[], CallSession], *, quiet: float = 0.5, timeout: float = 30.0
+) -> None:
+    """:func:`settled` for a framework caller that carries drops: ``carried`` is clear while the call is
+    lost, and ``current()`` is the call to watch (the resumed one after a drop)."""
+    while True:
+        await carried.wait()
+        await settled(current(), quiet=quiet, timeout=timeout)
+        if carried.is_set():
+            return
