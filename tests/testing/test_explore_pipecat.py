@@ -12,27 +12,20 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from offline_pipecat import offline_worker
+from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
 from pipecat.services.llm_service import FunctionCallParams
-from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
-from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from calltape.adapters.pipecat import register_function
 from calltape.checks import CheckOptions
 from calltape.runtime import CallSession
 from calltape.testing.explore import Exploration, Run, explore
 from calltape.testing.pipecat import (
-    SAMPLE_RATE,
     Call,
-    OfflineTransport,
     PipecatCaller,
     Say,
     ScriptedLLM,
-    ScriptedSTT,
-    ScriptedTTS,
 )
 
 pytestmark = pytest.mark.pipecat
@@ -44,15 +37,7 @@ HANG_UPS: dict[str, int] = {}
 def bank_agent(call: CallSession, llm: ScriptedLLM, *, guarded: bool) -> PipelineWorker:
     """The agent under test: checks a balance, then hangs up; ``guarded`` registers the tools through
     calltape, else with Pipecat's own ``llm.register_function``."""
-    transport = OfflineTransport()
     context = LLMContext(messages=[{"role": "system", "content": "You are a bank's phone agent."}])
-    pair = LLMContextAggregatorPair(
-        context,
-        user_params=LLMUserAggregatorParams(
-            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)]),
-            user_turn_stop_timeout=0.3,
-        ),
-    )
 
     async def check_balance(params: FunctionCallParams) -> None:
         await asyncio.sleep(0.2)
@@ -68,16 +53,7 @@ def bank_agent(call: CallSession, llm: ScriptedLLM, *, guarded: bool) -> Pipelin
     else:
         llm.register_function("check_balance", check_balance, cancel_on_interruption=False)
         llm.register_function("end_call", end_call)
-    pipeline = Pipeline(
-        [transport.input(), ScriptedSTT(), pair.user(), llm, ScriptedTTS(), transport.output(), pair.assistant()]
-    )
-    return PipelineWorker(
-        pipeline,
-        params=PipelineParams(audio_out_sample_rate=SAMPLE_RATE),
-        idle_timeout_secs=None,
-        enable_rtvi=False,
-        enable_turn_tracking=False,
-    )
+    return offline_worker(llm, context)
 
 
 def scenario(*, guarded: bool) -> Any:

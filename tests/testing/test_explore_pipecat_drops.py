@@ -14,27 +14,20 @@ import pytest
 
 pytest.importorskip("pipecat")
 
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from offline_pipecat import offline_worker
+from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
 from pipecat.services.llm_service import FunctionCallParams
-from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
-from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from calltape import ToolSpec
 from calltape.adapters.pipecat import register_function
 from calltape.runtime import CallSession
 from calltape.testing.explore import Exploration, Run, explore
 from calltape.testing.pipecat import (
-    SAMPLE_RATE,
     Call,
-    OfflineTransport,
     PipecatCaller,
     Say,
     ScriptedLLM,
-    ScriptedSTT,
-    ScriptedTTS,
 )
 
 pytestmark = pytest.mark.pipecat
@@ -48,15 +41,7 @@ RECEIVED: dict[str, list[list[dict[str, Any]]]] = {}
 
 def restaurant_agent(call: CallSession, llm: ScriptedLLM, context: LLMContext | None = None) -> PipelineWorker:
     """The agent under test: books a table under calltape's guard (``context``: a resumed call's)."""
-    transport = OfflineTransport()
     context = context or LLMContext(messages=[{"role": "system", "content": "You book tables."}])
-    pair = LLMContextAggregatorPair(
-        context,
-        user_params=LLMUserAggregatorParams(
-            user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)]),
-            user_turn_stop_timeout=0.3,
-        ),
-    )
 
     async def book_table(params: FunctionCallParams) -> None:
         await asyncio.sleep(0.1)  # the booking API
@@ -64,16 +49,7 @@ def restaurant_agent(call: CallSession, llm: ScriptedLLM, context: LLMContext | 
         await params.result_callback({"reference": "BK-1"})
 
     register_function(llm, call, "book_table", book_table, cancel_on_interruption=False)
-    pipeline = Pipeline(
-        [transport.input(), ScriptedSTT(), pair.user(), llm, ScriptedTTS(), transport.output(), pair.assistant()]
-    )
-    return PipelineWorker(
-        pipeline,
-        params=PipelineParams(audio_out_sample_rate=SAMPLE_RATE),
-        idle_timeout_secs=None,
-        enable_rtvi=False,
-        enable_turn_tracking=False,
-    )
+    return offline_worker(llm, context)
 
 
 def scenario(*, carries: bool) -> Any:
