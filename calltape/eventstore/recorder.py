@@ -297,7 +297,8 @@ class Recorder:
         if timeout is None:
             return await done
         try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout)
+            async with asyncio.timeout(timeout):  # (wait_for on 3.11 can lose the caller's cancellation)
+                return await asyncio.shield(done)
         except TimeoutError:
             if done.done():
                 return done.result()

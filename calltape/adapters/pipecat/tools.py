@@ -335,7 +335,8 @@ class GuardedFunction:
         call_id = params.tool_call_id
         if call_id not in self.shared.call_reply and self.shared.observed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.shared.seen(call_id).wait(), self.ANNOUNCE_WAIT)
+                async with asyncio.timeout(self.ANNOUNCE_WAIT):  # (wait_for on 3.11 can lose a cancellation)
+                    await self.shared.seen(call_id).wait()
         # Let the observer take in what was pushed before this call ran (an interruption, say).
         await asyncio.sleep(0)
         # Unannounced (no observer): run_tool records tool.call itself, without a reply.
