@@ -4,8 +4,11 @@ Generates ``--sessions`` x ``--events`` realistic events (``workload.py``), writ
 times the command-line import in-process (parse, validate, one transaction) into a fresh SQLite file
 and into a scratch PostgreSQL database; then times the same file again (the quick re-import).
 Prints one JSON object: ``import_events_per_s`` per backend, ``import_cpu_us_per_event`` (this process's
-CPU time per event: less sensitive to a busy machine than the wall clock; PostgreSQL's server work is
-not in it) and ``reimport_s``.
+CPU time per event: the reader process and PostgreSQL's server work are not in it) and ``reimport_s``.
+
+``--baseline REV`` (say ``9bf6b83``, v0.1) also times that revision's ``calltape import`` on the same
+file, in a subprocess on a checkout of it (``git worktree``), alternating with this one ``--repeat``
+times, and reports both medians and their ratio: the speed-up on this machine, at this load.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -64,12 +70,79 @@ async def _admin(url: str, sql: str) -> None:
         await conn.close()
 
 
+_TIMED = """
+import os, sys, time
+os.environ["CALLTAPE_NO_PROGRESS"] = "1"
+from calltape.cli.app import main
+if sys.argv[1].startswith("postgresql"):  # this revision's own schema, not timed
+    import asyncio
+    from calltape.eventstore import upgrade
+    asyncio.run(upgrade(sys.argv[1]))
+started = time.perf_counter()
+try:
+    main(["--db", sys.argv[1], "import", sys.argv[2]])
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(time.perf_counter() - started)
+"""
+
+
+def _import_at(tree: Path, url: str, path: Path) -> float:
+    """Seconds (wall) for the ``calltape import`` of the checkout ``tree``, in a fresh interpreter."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMED, url, str(path)], cwd=tree, env=env, capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _fresh_pg(admin: str, *, upgraded: bool = True) -> tuple[str, str]:
+    """A new scratch database (its name and URL), with this revision's schema when ``upgraded``."""
+    name = f"calltape_bench_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_admin(admin, f'CREATE DATABASE "{name}"'))
+    url = make_url(admin).set(database=name).render_as_string(hide_password=False)
+    if upgraded:
+        from calltape.eventstore import upgrade
+
+        asyncio.run(upgrade(url))
+    return name, url
+
+
+def _compare(args: argparse.Namespace, path: Path, n: int, tmp: str, figures: dict[str, object]) -> None:
+    """This revision against ``--baseline``, alternating, each on a fresh database every time."""
+    tree, here = Path(tmp) / "baseline", Path(__file__).resolve().parent.parent
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), args.baseline], cwd=here, check=True)
+    try:
+        for backend in ("sqlite", "postgres"):
+            times: dict[str, list[float]] = {"now": [], "baseline": []}
+            for r in range(args.repeat):
+                for side, root in (("baseline", tree), ("now", here)):
+                    if backend == "sqlite":
+                        url = f"sqlite:///{tmp}/{side}-{r}.db"
+                        times[side].append(_import_at(root, url, path))  # (the file is created on first open)
+                        continue
+                    name, url = _fresh_pg(args.db, upgraded=False)  # each side upgrades with its own code
+                    try:
+                        times[side].append(_import_at(root, url, path))
+                    finally:
+                        asyncio.run(_admin(args.db, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            now, before = statistics.median(times["now"]), statistics.median(times["baseline"])
+            figures[f"{backend}_import_events_per_s_median"] = round(n / now)
+            figures[f"{backend}_baseline_events_per_s_median"] = round(n / before)
+            figures[f"{backend}_speedup_vs_baseline"] = round(before / now, 2)
+            figures[f"{backend}_runs_s"] = {k: [round(t, 2) for t in v] for k, v in times.items()}
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=here, check=False)
+
+
 def main() -> None:
     """Runs the import benchmark and prints its figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--db", default=os.environ.get("CALLTAPE_BENCH_DB", "postgresql://postgres@127.0.0.1/test"))
+    parser.add_argument("--baseline", metavar="REV", help="Also time this git revision's import (e.g. 9bf6b83).")
+    parser.add_argument("--repeat", type=int, default=3, help="Runs of each side with --baseline.")
     args = parser.parse_args()
     os.environ["CALLTAPE_NO_PROGRESS"] = "1"
     figures: dict[str, object] = {}
@@ -77,18 +150,17 @@ def main() -> None:
         path = Path(tmp) / "calls.jsonl"
         n = _write(path, args.sessions, args.events)
         figures["events"] = n
+        if args.baseline:
+            _compare(args, path, n, tmp, figures)
+            print(json.dumps(figures, indent=2))
+            return
         cpu: dict[str, float] = {}
         seconds = _import(f"sqlite:///{tmp}/bench.db", path, cpu)
         figures["sqlite_import_events_per_s"] = round(n / seconds)
         figures["sqlite_import_cpu_us_per_event"] = round(cpu["s"] / n * 1e6, 1)
         figures["sqlite_reimport_s"] = round(_import(f"sqlite:///{tmp}/bench.db", path), 2)
-        name = f"calltape_bench_{uuid.uuid4().hex[:10]}"
-        asyncio.run(_admin(args.db, f'CREATE DATABASE "{name}"'))
+        name, url = _fresh_pg(args.db)
         try:
-            url = make_url(args.db).set(database=name).render_as_string(hide_password=False)
-            from calltape.eventstore import upgrade
-
-            asyncio.run(upgrade(url))
             seconds = _import(url, path, cpu)
             figures["postgres_import_events_per_s"] = round(n / seconds)
             figures["postgres_import_cpu_us_per_event"] = round(cpu["s"] / n * 1e6, 1)

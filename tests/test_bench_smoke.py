@@ -59,3 +59,23 @@ def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path
     assert figures["notes"] == [], figures["notes"]  # no benchmark failed
     assert [p["sessions"] for p in figures["details"]["scale"]["points"]][:1] == [200]
     assert figures["details"]["sqlite_append"]["raw_sqlite3_events_per_s"]["median"] > 0
+
+
+def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: str) -> None:
+    # the baseline is this very revision (HEAD): the harness is what is checked, not a figure
+    small = ["--sessions", "2", "--events", "100", "--db", pg_admin_url]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.importing", *small, "--baseline", "HEAD", "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert figures["events"] == 200
+    for backend in ("sqlite", "postgres"):
+        assert figures[f"{backend}_import_events_per_s_median"] > 0
+        assert figures[f"{backend}_baseline_events_per_s_median"] > 0
+        assert len(figures[f"{backend}_runs_s"]["baseline"]) == 1

@@ -7,29 +7,22 @@ backends and at any size. Each line is parsed once, in batches, so a file of any
 through bounded memory. A file whose every event the store already has is recognised by a quick
 pass over the ids (no validation, no write) and skipped.
 
-An event without an ``id`` gets a *deterministic* one (UUIDv5 of its session, its canonical JSON
-and how often that exact line occurred before in this import), so re-importing such a file is a
-no-op too, where a random id would duplicate every event.
+Reading the input (and the deterministic ids of events without one) is
+:mod:`calltape.cli.reading`; a large input is read in a second process while this one stores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
-import io
 import sys
-import uuid
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
 
-from calltape.canonical_json import canonical_bytes
 from calltape.cli.common import (
     database_url,
     note,
@@ -40,19 +33,20 @@ from calltape.cli.common import (
     within,
     write_json,
 )
-from calltape.errors import CalltapeError, CliError
+from calltape.cli.reading import Batch, Problems, ReaderProcess, Source, batches, open_sources
+from calltape.errors import CliError
+from calltape.gcpause import BULK, gc_paused
 
 if TYPE_CHECKING:
     from calltape.errors import ImportRefused
     from calltape.events import Event
     from calltape.eventstore import EventStore
+    from calltape.eventstore.bulk import BulkImport
 
 BATCH = 5000
 OVERLAP_SLICE = 500
 """Lines read between two yields to the event loop while a PostgreSQL write is in flight."""
 QUICK_CHUNK = 5000
-MAX_REPORTED = 20
-_ID_NAMESPACE = uuid.UUID("8f5b0c1e-2d1a-4c57-9f0e-6a3c7d1b2e40")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,158 +131,7 @@ def db_info(
 # import
 
 
-@dataclass(slots=True)
-class _Source:
-    """One input: a file (plain or gzip, recognised by its first bytes) or standard input."""
-
-    name: str
-    path: Path | None
-    size: int | None = None
-    consumed: int = 0
-    """Bytes of the underlying file read so far (compressed bytes for gzip), for progress."""
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[IO[bytes]]:
-        raw: IO[bytes] = sys.stdin.buffer if self.path is None else self.path.open("rb")
-        try:
-            buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
-            if buffered.peek(2)[:2] == b"\x1f\x8b":
-                yield io.BufferedReader(cast(Any, gzip.GzipFile(fileobj=buffered, mode="rb")), buffer_size=1 << 20)
-            else:
-                yield buffered
-        finally:
-            if self.path is not None:
-                raw.close()
-            self.consumed = self.size or 0
-
-    def lines(self) -> Iterator[tuple[int, bytes]]:
-        """Numbered lines; a file that is not readable (or not valid gzip) is one sentence."""
-        try:
-            with self.open() as handle:
-                for lineno, line in enumerate(handle, start=1):
-                    if self.path is not None and lineno % 4096 == 0:
-                        with contextlib.suppress(OSError, ValueError, AttributeError):
-                            self.consumed = self._position(handle)
-                    yield lineno, line
-        except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise CliError(f"cannot read '{self.name}': {reason}") from None
-
-    @staticmethod
-    def _position(handle: IO[bytes]) -> int:
-        inner = getattr(handle, "raw", None)
-        if isinstance(inner, gzip.GzipFile):
-            return int(inner.fileobj.tell())  # type: ignore[union-attr]
-        return int(handle.tell())
-
-
-def _sources(files: list[str]) -> list[_Source]:
-    sources: list[_Source] = []
-    stdin_used = False
-    for name in files:
-        if name == "-":
-            if stdin_used:
-                raise CliError("'-' (stdin) can be given only once")
-            stdin_used = True
-            sources.append(_Source("<stdin>", None))
-            continue
-        path = Path(name)
-        try:
-            with path.open("rb"):
-                pass
-        except OSError as exc:
-            raise CliError(f"cannot read '{name}': {exc.strerror or exc}") from None
-        if path.is_dir():
-            raise CliError(f"cannot read '{name}': it is a directory")
-        sources.append(_Source(name, path, path.stat().st_size))
-    return sources
-
-
-class _Parser:
-    """Line → Event, with deterministic ids for events that have none."""
-
-    def __init__(self) -> None:
-        self.occurrences: dict[bytes, int] = {}
-
-    def parse(self, line: bytes) -> Event:
-        from calltape.events import parse_event, parse_read
-
-        try:
-            obj: Any = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return parse_event(line)  # raises InvalidEvent with the JSON error
-        if isinstance(obj, dict) and obj.get("id") is None and isinstance(obj.get("session"), str):
-            body = {k: v for k, v in obj.items() if k != "seq"}
-            canonical = canonical_bytes(body)
-            n = self.occurrences.get(canonical, 0)
-            self.occurrences[canonical] = n + 1
-            obj["id"] = str(uuid.uuid5(_ID_NAMESPACE, f"{obj['session']}\x00{n}\x00{canonical!r}"))
-        return parse_read(obj, line)
-
-
-@dataclass(slots=True)
-class _Batch:
-    events: list[Event]
-    lines: list[tuple[_Source, int]]
-
-
-class _Problems:
-    """The invalid lines: the first few reported as FILE:LINE: reason, all of them counted."""
-
-    def __init__(self) -> None:
-        self.reported: list[str] = []
-        self.count = 0
-
-    def add(self, source: _Source, lineno: int, reason: str) -> None:
-        self.count += 1
-        if len(self.reported) < MAX_REPORTED:
-            self.reported.append(f"{source.name}:{lineno}: {reason}")
-
-    def fail(self) -> CliError:
-        for problem in self.reported:
-            sys.stderr.write(problem + "\n")
-        if self.count > len(self.reported):
-            sys.stderr.write(f"… and {self.count - len(self.reported)} more invalid lines\n")
-        sys.stderr.flush()
-        n = self.count
-        return CliError(
-            f"nothing was imported: {n} invalid line{'s' if n != 1 else ''} "
-            f"(fix {'them' if n != 1 else 'it'} and run the import again)"
-        )
-
-
-def _batches(
-    sources: list[_Source], size: int, problems: _Problems, slice_lines: int | None = None
-) -> Iterator[_Batch | None]:
-    """Parsed events in batches; invalid lines go to ``problems`` (after the first, no more batches
-    are yielded with events, but every line is still checked so that all of them are reported).
-    ``slice_lines``: also yield None after every that many lines (the caller's moment to yield)."""
-    parser = _Parser()
-    batch = _Batch([], [])
-    for source in sources:
-        for lineno, raw in source.lines():
-            if slice_lines is not None and lineno % slice_lines == 0:
-                yield None
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                event = parser.parse(line)
-            except CalltapeError as exc:
-                problems.add(source, lineno, str(exc))
-                continue
-            if problems.count:
-                continue
-            batch.events.append(event)
-            batch.lines.append((source, lineno))
-            if len(batch.events) >= size:
-                yield batch
-                batch = _Batch([], [])
-    if batch.events and not problems.count:
-        yield batch
-
-
-async def _all_stored(store: EventStore, sources: list[_Source], chunk: int) -> tuple[int, int] | None:
+async def _all_stored(store: EventStore, sources: list[Source], chunk: int) -> tuple[int, int] | None:
     """The quick path for a file imported before: if every line is an event whose (session, id) the
     store has, how many events and sessions there are; None as soon as one is not (then the real
     import runs)."""
@@ -346,6 +189,40 @@ def _refusal(exc: ImportRefused, event: Event) -> str:
     return f"the store refused this event: {exc}"
 
 
+async def _import_here(
+    imp: BulkImport,
+    add: Callable[[BulkImport, Batch], Awaitable[None]],
+    sources: list[Source],
+    size: int,
+    problems: Problems,
+    dialect: str,
+) -> None:
+    """Reads and stores in this process (standard input, a small file). PostgreSQL works in its own
+    process: while it stores one batch, this one reads the next, yielding to the loop every slice so
+    the write goes on. SQLite's writes run in a thread of this process that needs the GIL for every
+    row, so there reading and writing take turns."""
+    overlap = dialect == "postgresql"
+    in_flight: asyncio.Future[None] | None = None
+    try:
+        for part in batches(sources, size, problems, OVERLAP_SLICE if overlap else None):
+            if part is None:
+                await asyncio.sleep(0)  # a slice read: let the write in flight go on
+                continue
+            if in_flight is not None:
+                await in_flight
+            in_flight = asyncio.ensure_future(add(imp, part))
+            if not overlap:
+                await in_flight
+                in_flight = None
+        if in_flight is not None:
+            await in_flight
+            in_flight = None
+    finally:
+        if in_flight is not None:  # leaving on an error: the write ends before the rollback
+            with contextlib.suppress(Exception):
+                await in_flight
+
+
 def import_events(
     ctx: typer.Context,
     files: Annotated[
@@ -378,8 +255,8 @@ def import_events(
     from calltape.errors import ImportRefused
     from calltape.eventstore.bulk import bulk_import
 
-    sources = _sources(files)
-    problems = _Problems()
+    sources = open_sources(files)
+    problems = Problems()
     known_size = all(s.size is not None for s in sources)
     total_bytes = sum(s.size or 0 for s in sources) if known_size else None
 
@@ -390,21 +267,11 @@ def import_events(
             if stored is not None:
                 return 0, stored[0], stored[1]
             lines = 0
-            # PostgreSQL works in its own process: while it stores one batch, this one reads the next
-            # (one batch in flight; the read yields to the loop every slice so the write goes on).
-            # SQLite's writes run in a thread of this process that needs the GIL for every row, so
-            # there they stay one after the other.
-            overlap = store.dialect == "postgresql"
-            in_flight: tuple[asyncio.Future[int], _Batch] | None = None
 
-            async def settle() -> None:
-                nonlocal in_flight, lines
-                if in_flight is None:
-                    return
-                task, part = in_flight
-                in_flight = None
+            async def add(imp: BulkImport, part: Batch) -> None:
+                nonlocal lines
                 try:
-                    await task
+                    await imp.add(part.events)
                 except ImportRefused as exc:
                     source, lineno = part.lines[exc.index]
                     raise CliError(
@@ -417,22 +284,19 @@ def import_events(
                         note=f"{lines:,} events",
                     )
 
-            with meter("importing", total_bytes) as bar:
+            # The cyclic collector waits until the import is done: it would rescan every event still
+            # held by a batch, many times over, and reference counting frees them anyway.
+            with meter("importing", total_bytes) as bar, gc_paused(BULK):
                 async with bulk_import(store, allow_after_resume=allow_after_resume) as imp:
-                    try:
-                        for part in _batches(sources, batch, problems, OVERLAP_SLICE if overlap else None):
-                            if part is None:
-                                await asyncio.sleep(0)  # a slice read: let the write in flight go on
-                                continue
-                            await settle()
-                            in_flight = asyncio.ensure_future(imp.add(part.events)), part
-                            if not overlap:
-                                await settle()
-                        await settle()
-                    finally:
-                        if in_flight is not None:  # leaving on an error: the write ends before the rollback
-                            with contextlib.suppress(Exception):
-                                await in_flight[0]
+                    if ReaderProcess.wanted(sources):
+                        # A large file: a second process reads and checks while this one stores.
+                        reader = ReaderProcess(sources, batch, problems)
+                        async with contextlib.aclosing(reader.batches()) as parts:
+                            async for part in parts:
+                                if not problems.count:
+                                    await add(imp, part)
+                    else:
+                        await _import_here(imp, add, sources, batch, problems, store.dialect)
                     if problems.count:
                         raise problems.fail()  # leaves the transaction: everything is rolled back
                     counts = imp.counts
@@ -488,9 +352,7 @@ def export_events(
     ] = None,
     session_file: Annotated[
         str | None,
-        typer.Option(
-            "--session-file", metavar="FILE", help="Also export the ids listed in FILE, one per line."
-        ),
+        typer.Option("--session-file", metavar="FILE", help="Also export the ids listed in FILE, one per line."),
     ] = None,
     to: Annotated[
         int | None, typer.Option("--to", metavar="N", min=1, help="Stop at seq N (a prefix; one session only).")

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from calltape.cli.reading import CHILD_READER_BYTES
 from tests.cli.conftest import Cli, assert_error, barge_in_call, jsonl
 
 N = 23  # events in barge_in_call
@@ -51,6 +52,35 @@ def test_a_late_bad_line_writes_nothing(cli: Cli, tmp_path: Path, session_id: st
         "lines": len(events),
     }
     assert len(_listed(cli, session_id)) == 150
+
+
+def test_a_large_file_is_read_in_a_second_process(cli: Cli, tmp_path: Path, session_id: str) -> None:
+    # Over CHILD_READER_BYTES: a second process reads and checks while the command stores. All or
+    # nothing and FILE:LINE hold the same there: an invalid line after many valid batches, an event
+    # the store refuses at the very end, then the valid part, all of it
+    events = _many_sessions(session_id, 1100)
+    body = jsonl(events)
+    assert len(body) >= CHILD_READER_BYTES
+    invalid, refused, good = tmp_path / "invalid.jsonl", tmp_path / "refused.jsonl", tmp_path / "good.jsonl"
+    invalid.write_bytes(body + b'{"session": "x", "type": "user.text", "data": {"text": 1}}\n')
+    refused.write_bytes(body + jsonl([dict(events[0], id=f"{session_id}-again")]))
+    good.write_bytes(body)
+    bad_line = cli("import", str(invalid), "--batch", "2000")
+    assert_error(bad_line, "nothing was imported: 1 invalid line")
+    assert f"{invalid}:{len(events) + 1}:" in bad_line.err, bad_line
+    stale = cli("import", str(refused), "--batch", "2000")
+    assert_error(stale, f"{refused}:{len(events) + 1}: the store refused this event", "has already started")
+    assert _listed(cli, session_id) == set()
+    done = cli("import", str(good), "--json")
+    assert done.code == 0 and done.json() == {
+        "imported": len(events),
+        "skipped": 0,
+        "sessions": 1100,
+        "lines": len(events),
+    }
+    exported = cli("export", f"{session_id}-000", f"{session_id}-1099")
+    assert [e["id"] for e in exported.lines()] == [e["id"] for e in events[:N] + events[-N:]], exported
+    assert [e["seq"] for e in exported.lines()] == list(range(1, N + 1)) * 2
 
 
 def test_gzip_and_quick_reimport(cli: Cli, tmp_path: Path, session_id: str) -> None:
