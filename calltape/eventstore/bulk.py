@@ -14,6 +14,10 @@ kept in memory between batches and written back once at the end.
 The transaction holds the SQLite write lock, and on PostgreSQL the locks of the imported sessions,
 until it commits; on PostgreSQL the global feed also waits for it (readers never skip a
 transaction still in flight). Import in the quiet hours if the file is very large.
+
+On Citus an import over several shards commits by two-phase commit, whose worker rows become visible
+only after the coordinator's transaction ended; the feed waits for Citus to confirm those commits
+(see :mod:`.citus`), and the import asks for that confirmation as it ends.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
 
@@ -30,8 +35,9 @@ from calltape.errors import CalltapeError
 from calltape.errors import ImportRefused as ImportRefused  # re-exported: public here since v0.1
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
+from calltape.eventstore.citus import CitusEventStore, settle_two_phase
 from calltape.eventstore.errors import translate_errors
-from calltape.eventstore.postgres import PgWriter
+from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.sqlite import SqliteDb, SqliteWriter
 from calltape.eventstore.store import EventStore
 from calltape.eventstore.tenancy import admit
@@ -96,7 +102,7 @@ class BulkImport:
             index = next(i for i, e in enumerate(given) if (e.session, e.id) == (culprit.session, culprit.id))
             raise ImportRefused(index, exc) from None
         if plan.inserts:
-            await self._writer.insert(plan.inserts)
+            await self._writer.insert(plan.inserts, plan.rows)
         self._rows.update(plan.rows)
         self._changed.update(plan.rows)
         self.counts.new += len(plan.inserts)
@@ -125,6 +131,11 @@ class BulkImport:
     async def stored_count(self, keys: Sequence[tuple[str, str]]) -> int:
         """How many of ``(session, id)`` the store already has (for the quick re-import check)."""
         return len(await self._writer.stored_keys(keys))
+
+
+def _transaction(store: EventStore, conn: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The import's transaction, with the store's tenant handed on where it must be (Citus)."""
+    return store.transaction(conn) if isinstance(store, PostgresEventStore) else conn.transaction()
 
 
 def _copy_in(store: EventStore) -> bool:
@@ -178,7 +189,7 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
         driver = raw.driver_connection
         assert driver is not None
         try:
-            async with driver.transaction():
+            async with _transaction(store, driver):
                 # Citus: the import is one transaction over every shard it touches (two-phase commit).
                 writer_class = getattr(store, "writer_class", PgWriter)
                 pg_writer = writer_class(
@@ -187,6 +198,10 @@ async def bulk_import(store: EventStore, *, allow_after_resume: bool = False) ->
                 pg_import = BulkImport(pg_writer, allow_after_resume=allow_after_resume, redactor=store.redactor)
                 yield pg_import
                 await pg_import.finish()
+            if isinstance(store, CitusEventStore):
+                # The feed waits until Citus has confirmed the two-phase commit on every worker: now,
+                # rather than at its next recovery round (see citus.py).
+                await settle_two_phase(driver)
         except BaseException:
             if driver.is_closed():
                 await sa_conn.invalidate()
@@ -206,4 +221,6 @@ async def stored_keys(store: EventStore, keys: Sequence[tuple[str, str]]) -> set
         raw = await sa_conn.get_raw_connection()
         driver = raw.driver_connection
         assert driver is not None
-        return await PgWriter(driver, tenant=store.tenant, everyone=store.all_tenants).stored_keys(keys)
+        writer_class = getattr(store, "writer_class", PgWriter)  # Citus: routed to the sessions' shards
+        async with store.reading(driver) if isinstance(store, PostgresEventStore) else contextlib.nullcontext():
+            return await writer_class(driver, tenant=store.tenant, everyone=store.all_tenants).stored_keys(keys)

@@ -7,20 +7,47 @@ partitions by session, so every calltape table is distributed by ``session`` and
 
 Three things differ from a single PostgreSQL, and :class:`CitusEventStore` handles them:
 
-- **One shard per transaction.** An append of several sessions is split by shard, one transaction
-  each (they run side by side on the pool). A transaction that writes one shard commits in one
-  phase; one that writes several would commit by two-phase commit. Atomicity across sessions is
-  not promised on Citus; each session's events still commit together and in order.
+- **One worker per transaction, one shard per statement.** An append of several sessions is split
+  by the worker node holding their shards, one transaction each (they run side by side on the pool),
+  and inside it every statement names the sessions of one shard. Citus then runs the whole transaction
+  over one connection to that worker and commits it in one phase (it turns to two-phase commit when a
+  modifying transaction reaches a second node, or when one statement modifies several shards:
+  ``Activate2PCIfModifyingTransactionExpandsToNewNode`` and ``TaskListRequires2PC`` in Citus's
+  executor). A batch of 200 sessions is two transactions on two workers, not one per shard touched.
+  Atomicity across sessions is not promised on Citus; each session's events still commit together
+  and in order.
 - **The global feed's horizon is read on the coordinator.** The feed orders by ``(txid, pos)``
   where ``txid`` is the coordinator's transaction id (the column's default is evaluated there). A
   one-phase Citus commit makes the worker's rows visible *before* the coordinator's transaction
   ends, so a row whose ``txid`` is below the coordinator's ``pg_snapshot_xmin`` is settled on its
   worker too: the feed reads the horizon on the coordinator first, then reads the shards below it.
-  (Evaluated on a worker, that horizon compares the coordinator's ids with the worker's own; and a
-  two-phase commit makes rows visible only after the coordinator's transaction ended, which is why
-  every append must stay on one shard.)
+  (Evaluated on a worker, that horizon compares the coordinator's ids with the worker's own.) A
+  two-phase commit makes rows visible only after the coordinator's transaction ended, so appends stay
+  in one phase, and the horizon is also held below every two-phase commit Citus has not yet confirmed
+  on its workers (an import's: see ``_HORIZON``).
 - **Errors.** A worker's unique violation reaches the coordinator through COPY as SQLSTATE XX000
   (internal error), not 23505; it is read as the duplicate it is, so appends stay idempotent.
+
+Tenants are kept apart by the database, as on one node, with two changes:
+
+- **Policies read the row.** Citus refuses row-level-security policies with subqueries, and on one node
+  the policies of ``ct_events`` and ``ct_snapshots`` read ``ct_sessions``. Their rows carry their
+  session's tenant (migration 0005, written from the session's summary row by every append), and on
+  Citus their policy compares that column as ``ct_sessions``' does (:func:`_row_policies`). What the
+  subquery also did, refusing a row under another tenant's session id, a foreign key
+  ``(session, tenant)`` to ``ct_sessions`` does between the co-located shards (:func:`_session_keys`):
+  checked on the worker that holds both, deferred to the commit, about 7 µs a row (a 40,000-row insert
+  on this cluster), against a Citus append's milliseconds. A shard-aware trigger (as the erasure guard
+  is) would cost a PL/pgSQL call and a dynamic query per row. The key skips rows whose tenant is NULL,
+  so a connection without a tenant can still add rows under a tenant's session id (stated in the README).
+- **The tenant travels with each transaction.** The policies run on the workers, and the setting
+  ``calltape.tenant`` a calltape connection starts with is the coordinator's alone: a worker reads no
+  tenant. A store held to a tenant begins every transaction with ``SET LOCAL`` of it, which Citus
+  hands to the workers it reaches (``citus.propagate_set_commands = 'local'``, set in the same
+  message), and runs its reads in such a transaction too (:meth:`CitusEventStore.tenant_scope`): one
+  round trip more per append, three more per read (BEGIN, the SET, COMMIT). A statement outside such
+  a transaction reaches the workers without a tenant: it sees the sessions without one, never another
+  tenant's. (Stores without a tenant, and the operator's, are unchanged.)
 
 The session summary ``UPDATE`` names its sessions as constants (so it routes to their shard instead
 of locking all of them) and the wake-up ``NOTIFY`` is a statement of its own, run on the coordinator
@@ -31,8 +58,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 import asyncpg
 from sqlalchemy import Connection, text
@@ -42,9 +70,11 @@ from calltape.events import Event
 from calltape.eventstore import postgres
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.postgres import PgWriter, PostgresEventStore
-from calltape.eventstore.queries import dumps_data, to_session_info
-from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.tenancy import CHANNEL, refuse_foreign
+from calltape.eventstore.queries import dumps_data, to_event, to_session_info
+from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
+from calltape.eventstore.store import FeedPosition
+from calltape.eventstore.tenancy import CHANNEL, SETTING, refuse_foreign
+from calltape.eventstore.writer import Key
 
 DISTRIBUTION_COLUMN = "session"
 """Every calltape table is sharded by its session."""
@@ -54,12 +84,6 @@ ANCHOR = "ct_sessions"
 
 DISTRIBUTED = (ANCHOR, "ct_events", "ct_snapshots", "ct_tombstones")
 """The tables :func:`distribute` shards, in order (the anchor first)."""
-
-NO_TENANTS = (
-    "calltape does not keep tenants apart on a Citus cluster yet: open the store without a tenant "
-    "(one deployment per tenant), or use a single PostgreSQL"
-)
-"""Why a store on Citus refuses a tenant (the tenant policies read ct_sessions in a subquery: see :func:`_prepare`)."""
 
 _HAS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 _IS_DISTRIBUTED = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass(:t))"
@@ -87,6 +111,7 @@ def distribute(conn: Connection, *, required: bool = False) -> list[str]:
                 "the database has no citus extension: run CREATE EXTENSION citus (and add the workers) first"
             )
         return []
+    _row_policies(conn)
     done: list[str] = []
     for table in DISTRIBUTED:
         if is_distributed(conn, table):
@@ -99,6 +124,7 @@ def distribute(conn: Connection, *, required: bool = False) -> list[str]:
             {"t": table, "c": DISTRIBUTION_COLUMN, "w": colocate},
         )
         done.append(table)
+    _session_keys(conn)
     return done
 
 
@@ -124,28 +150,101 @@ BEGIN
 END $$
 """
 
-_SUBQUERY_POLICIES = ("ct_events", "ct_snapshots")
-"""Tables whose tenant policy (migration 0003) reads ct_sessions in a subquery, which Citus refuses."""
+ROW_POLICIES = ("ct_events", "ct_snapshots")
+"""Tables whose single-node tenant policy (migration 0003) reads ct_sessions in a subquery, which Citus
+refuses: on Citus their policy compares the row's own ``tenant`` (migration 0005)."""
+
+_OWN_ROW = "coalesce(tenant, '') = coalesce(current_setting('calltape.tenant', true), '')"
+_POLICY = (
+    "SELECT qual FROM pg_policies WHERE schemaname = current_schema() AND tablename = :t AND policyname = 'ct_tenant'"
+)
+
+
+def _row_policies(conn: Connection) -> None:
+    """Gives :data:`ROW_POLICIES` the per-row policy ct_sessions has (idempotent: a table that has it
+    is left alone). Runs before the tables distribute (Citus copies the policies to every shard), and
+    on a cluster distributed by an older calltape, which had dropped the subquery policies."""
+    for table in ROW_POLICIES:
+        qual = conn.execute(text(_POLICY), {"t": table}).scalar()
+        if qual is not None and "ct_sessions" not in qual:
+            continue
+        for statement in (
+            f"DROP POLICY IF EXISTS ct_tenant ON {table}",
+            f"CREATE POLICY ct_tenant ON {table} USING ({_OWN_ROW}) WITH CHECK ({_OWN_ROW})",
+            f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY",
+            f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY",
+        ):
+            conn.execute(text(statement))
+
+
+_KEY = "ct_sessions_tenant"
+"""``UNIQUE (session, tenant)`` on ct_sessions: what the rows of events and snapshots reference."""
+
+_REFERENCES = (
+    ("ct_events", "ct_events_session_tenant"),
+    ("ct_snapshots", "ct_snapshots_session_tenant"),
+)
+"""The foreign keys that keep events and snapshots under a session row of their own tenant."""
+
+_HAS_CONSTRAINT = "SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = :n AND conrelid = to_regclass(:t))"
+
+
+def _session_keys(conn: Connection) -> None:
+    """What the subquery policies also did on one node: a row of ``ct_events`` or ``ct_snapshots`` names
+    a session row of its own tenant, ``(session, tenant)``, by a foreign key between the co-located
+    shards (checked on the worker, deferred to the commit: an append writes its events before the
+    summary that may set a new session's tenant). Added once the tables are distributed (idempotent).
+
+    A foreign key skips a row whose ``tenant`` is NULL (``MATCH SIMPLE``): a connection without a
+    tenant, whose rows the policies keep NULL, can still add rows under a tenant's session id."""
+    if not conn.execute(text(_HAS_CONSTRAINT), {"n": _KEY, "t": ANCHOR}).scalar():
+        conn.execute(text(f"ALTER TABLE {ANCHOR} ADD CONSTRAINT {_KEY} UNIQUE (session, tenant)"))
+    for table, name in _REFERENCES:
+        if not conn.execute(text(_HAS_CONSTRAINT), {"n": name, "t": table}).scalar():
+            conn.execute(
+                text(
+                    f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY (session, tenant) "
+                    f"REFERENCES {ANCHOR} (session, tenant) DEFERRABLE INITIALLY DEFERRED"
+                )
+            )
 
 
 def _prepare(conn: Connection) -> None:
     """What Citus needs before the tables distribute: the shard-aware erasure guard (a trigger, which
-    Citus then creates on every shard), and no subquery policies. Without those policies the database
-    no longer keeps tenants apart, so a store on Citus refuses to be opened for a tenant."""
+    Citus then creates on every shard). The policies are :func:`_row_policies`'."""
     path = conn.execute(text("SELECT current_setting('search_path')")).scalar()
     conn.execute(text(_GUARD.format(path=path)))
     conn.execute(text("SET LOCAL citus.enable_unsafe_triggers = on"))
-    for table in _SUBQUERY_POLICIES:
-        conn.execute(text(f"DROP POLICY IF EXISTS ct_tenant ON {table}"))
-        conn.execute(text(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY"))
-        conn.execute(text(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY"))
 
 
 # -- appending on one shard ------------------------------------------------------------------
 
-_SHARDS = f"""
-SELECT s, get_shard_id_for_distribution_column('{ANCHOR}', s) FROM unnest($1::text[]) AS s
+_PLACEMENTS = f"""
+SELECT s, sh.shard, p.groupid FROM unnest($1::text[]) AS s
+CROSS JOIN LATERAL (SELECT get_shard_id_for_distribution_column('{ANCHOR}', s) AS shard) AS sh
+JOIN pg_dist_placement p ON p.shardid = sh.shard
 """
+"""Each session's shard and the worker (group) holding it (one placement per shard: calltape's tables
+are not replicated by Citus, which would make every write two-phase)."""
+
+_SHARD_OF: ContextVar[Mapping[str, int] | None] = ContextVar("calltape_citus_shard_of", default=None)
+"""The shard of each session of the append under way (set by :meth:`CitusEventStore.append` for an
+append that spans shards; the writer then issues one statement per shard)."""
+
+T = TypeVar("T")
+
+
+def _by_shard(items: Iterable[T], session_of: Any) -> list[list[T]]:
+    """``items`` split by their session's shard, shards in ascending order (every writer locks in
+    the same order, so two appends on one worker never deadlock); one part when no split is asked."""
+    shard_of = _SHARD_OF.get()
+    if shard_of is None:
+        return [list(items)]
+    parts: dict[int, list[T]] = {}
+    for item in items:
+        parts.setdefault(shard_of[session_of(item)], []).append(item)
+    return [parts[shard] for shard in sorted(parts)]
+
 
 # Rows travel as VALUES, not ``unnest`` arrays: Citus runs ``INSERT … SELECT FROM unnest(…)`` through
 # intermediate results on the coordinator, and that commits by two-phase commit even on one shard.
@@ -160,8 +259,8 @@ INSERT INTO ct_events ({columns}) VALUES {values}
 ON CONFLICT (session, id) DO NOTHING
 """
 
-_EVENT_TYPES = ("text", "integer", "text", "text", "bigint", "text", "integer", "text::jsonb")
-"""``ct_events``' written columns (:data:`~calltape.eventstore.schema.EVENT_COLUMNS`), as parameter casts."""
+_EVENT_TYPES = ("text", "integer", "text", "text", "bigint", "text", "integer", "text::jsonb", "text")
+"""``ct_events``' written columns (:data:`~calltape.eventstore.schema.ROW_COLUMNS`), as parameter casts."""
 
 _ROWS_PER_INSERT = 2000
 """Events per ``INSERT … VALUES`` (PostgreSQL takes at most 32,767 parameters a statement)."""
@@ -180,7 +279,7 @@ def _insert_events(count: int) -> str:
         "(" + ", ".join(f"${row * width + i + 1}::{t}" for i, t in enumerate(_EVENT_TYPES)) + ")"
         for row in range(count)
     )
-    return _INSERT_EVENTS.format(columns=postgres._names(EVENT_COLUMNS), values=values)
+    return _INSERT_EVENTS.format(columns=postgres._names(ROW_COLUMNS), values=values)
 
 
 _UPDATE_SESSIONS = f"""
@@ -194,6 +293,21 @@ SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c
 UNION SELECT '{CHANNEL}_' || md5(coalesce(t, '')) FROM unnest($1::text[]) AS t) AS channels
 """
 
+# The stored-id lookups name their sessions as constants too: joined to ``unnest`` alone, Citus cannot
+# prune and reads every shard; with the sessions, one session's lookup is routed to its shard.
+_ROUTED = " WHERE ct_events.session = ANY($3::text[])"
+_FIND_STORED = postgres._FIND_STORED + _ROUTED
+_FIND_STORED_KEYS = postgres._FIND_STORED_KEYS + _ROUTED
+
+_SCOPE = f"SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL {SETTING} = "
+"""Citus hands a transaction's ``SET LOCAL`` to its workers when asked to (one round trip: simple query)."""
+
+
+def tenant_scope(tenant: str) -> str:
+    """The statements that hold a transaction to ``tenant`` on every node it reaches (run first in it)."""
+    return _SCOPE + "'" + tenant.replace("'", "''") + "'"
+
+
 _DUPLICATE = "duplicate key value violates unique constraint"
 
 
@@ -205,35 +319,69 @@ def is_duplicate(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.InternalServerError) and _DUPLICATE in str(exc)
 
 
+def _key_arrays(keys: Sequence[Key]) -> tuple[list[str], list[str], list[str]]:
+    """The lookup's parameters: the keys' sessions and ids, then each session once (for routing)."""
+    return [k[0] for k in keys], [k[1] for k in keys], sorted({k[0] for k in keys})
+
+
 class CitusWriter(PgWriter):
-    """The append's steps on Citus: summaries routed to their shard, duplicates read as duplicates."""
+    """The append's steps on Citus: one statement per shard (see the module), summaries routed to their
+    shard, duplicates read as duplicates."""
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
-        """Creates and locks the session rows, as on PostgreSQL, in one routed statement."""
-        found = await self.conn.fetch(_lock_sessions(len(sessions)), self.tenant, *sessions)
-        rows = {r[0]: to_session_info(r) for r in found}
+        """Creates and locks the session rows, as on PostgreSQL, one routed statement per shard."""
+        rows: dict[str, SessionInfo] = {}
+        for part in _by_shard(sorted(sessions), str):
+            found = await self.conn.fetch(_lock_sessions(len(part)), self.tenant, *part)
+            rows.update((r[0], to_session_info(r)) for r in found)
         refuse_foreign(rows.values(), self.tenant, self.everyone)
         return rows
 
-    async def insert_new(self, events: Sequence[Event]) -> int:
-        """Inserts, skipping ids already stored; returns how many were written."""
+    async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
+        """The stored events of ``keys``, read shard by shard, each read routed by its sessions."""
+        found: dict[Key, Event] = {}
+        for part in _by_shard(keys, lambda k: k[0]):
+            found.update({(r[0], r[2]): to_event(r) for r in await self.conn.fetch(_FIND_STORED, *_key_arrays(part))})
+        return found
+
+    async def stored_keys(self, keys: Sequence[Key]) -> set[Key]:
+        """Which of ``keys`` are stored, read shard by shard, each read routed by its sessions."""
+        found: set[Key] = set()
+        for part in _by_shard(keys, lambda k: k[0]):
+            found |= {(r[0], r[1]) for r in await self.conn.fetch(_FIND_STORED_KEYS, *_key_arrays(part))}
+        return found
+
+    async def insert_new(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> int:
+        """Inserts, skipping ids already stored; returns how many were written. Each row carries its
+        session's tenant, from ``rows``."""
         written = 0
-        for start in range(0, len(events), _ROWS_PER_INSERT):
-            chunk = events[start : start + _ROWS_PER_INSERT]
-            args = [
-                value
-                for e in chunk
-                for value in (e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data))
-            ]
-            written += postgres._rowcount(await self.conn.execute(_insert_events(len(chunk)), *args))
+        for part in _by_shard(events, lambda e: e.session):
+            for start in range(0, len(part), _ROWS_PER_INSERT):
+                chunk = part[start : start + _ROWS_PER_INSERT]
+                args = [
+                    value
+                    for e in chunk
+                    for value in (
+                        e.session,
+                        e.seq,
+                        e.id,
+                        e.type,
+                        e.at_ms,
+                        e.agent,
+                        e.epoch,
+                        dumps_data(e.data),
+                        rows[e.session].tenant,
+                    )
+                ]
+                written += postgres._rowcount(await self.conn.execute(_insert_events(len(chunk)), *args))
         return written
 
-    async def insert(self, events: Sequence[Event]) -> None:
+    async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
         """INSERT, never COPY: Citus commits every COPY by two-phase commit, even on one shard. A stored
         id makes it raise, as on PostgreSQL (and a unique violation Citus relays as an internal error
         is read as the duplicate it is)."""
         try:
-            written = await self.insert_new(events)
+            written = await self.insert_new(events, rows)
         except asyncpg.InternalServerError as exc:
             if is_duplicate(exc):
                 raise postgres._StoredDuplicate from exc
@@ -242,16 +390,59 @@ class CitusWriter(PgWriter):
             raise postgres._StoredDuplicate
 
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
-        """The summaries, on their shard only; then the wake-up, on the coordinator."""
-        await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS))
+        """The summaries, shard by shard; then the wake-up, on the coordinator."""
+        for part in _by_shard(rows, lambda r: r.session):
+            await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in part] for c in SESSION_COLUMNS))
         await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
 
+
+# -- the feed's horizon -----------------------------------------------------------------------
 
 # The single-node feed with its horizon as a parameter, read on the coordinator beforehand.
 _FEED = postgres._FEED.replace("pg_snapshot_xmin(pg_current_snapshot())", "$6::text::xid8")
 assert _FEED != postgres._FEED
 
-_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+# A two-phase commit (an import over several shards, or any other statement that writes several) ends
+# its coordinator transaction before its workers' rows become visible. Citus sends COMMIT PREPARED from
+# its XACT_EVENT_COMMIT callback (src/backend/distributed/transaction/transaction_management.c,
+# CoordinatedTransactionCallback -> CoordinatedRemoteTransactionsCommit in remote_transaction.c, which
+# sends to every worker and waits for every reply), and PostgreSQL runs that callback after
+# ProcArrayEndTransaction: from then on the coordinator's snapshots no longer hold its xid back, while
+# the workers may still show its rows as in progress. A reader in that window would pass the xid for ever.
+# (When a COMMIT PREPARED fails, Citus only warns, and its 2PC recovery commits the rows later.)
+#
+# What closes the window: before it prepares, the coordinator transaction writes one pg_dist_transaction
+# record per worker (remote_transaction.c, CoordinatedRemoteTransactionsPrepare -> LogTransactionRecord
+# in transaction_recovery.c), so the record's xmin is the coordinator's xid and it becomes visible exactly
+# when that xid leaves the snapshot. Only 2PC recovery (recover_prepared_transactions, run by the
+# maintenance daemon every citus.recover_2pc_interval, and by an import as it ends) deletes it, and only
+# once the worker no longer holds the prepared transaction, i.e. once its rows are committed. The horizon
+# is therefore the snapshot's xmin, lowered to the oldest xid that still has such a record: in one
+# statement, one snapshot. A record's xmin is a 32-bit xid; it is widened against the snapshot's xmin
+# (a live record's xid is within 2**31 of it), and a frozen one (xmin 2) only lowers the horizon further.
+_HORIZON = """
+WITH s AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS h)
+SELECT least(h, (
+    SELECT min(h + (t.xmin::text::bigint - h % 4294967296 + 6442450944) % 4294967296 - 2147483648)
+    FROM pg_dist_transaction t
+))::text FROM s
+"""
+
+_RECOVER = "SELECT recover_prepared_transactions()"
+
+
+async def settle_two_phase(conn: asyncpg.Connection) -> bool:
+    """After a transaction that may have committed by two-phase commit (an import): asks Citus to confirm
+    its workers' commits now, so the feed, which waits for that confirmation (see ``_HORIZON``), moves on
+    at once instead of at Citus's next recovery round. Returns whether it could: Citus lets only a
+    superuser (or the extension's owner) run its recovery, and otherwise the round comes within
+    ``citus.recover_2pc_interval`` (a minute by default). Never raises: the import has committed, and
+    whatever stops the confirmation here (no right to it, a lost connection) only delays the feed."""
+    try:
+        await conn.fetchval(_RECOVER)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        return False
+    return True
 
 
 class CitusEventStore(PostgresEventStore):
@@ -260,41 +451,51 @@ class CitusEventStore(PostgresEventStore):
 
     writer_class = CitusWriter
     parallel_shards = 8
-    """Shard transactions of one append run side by side, at most this many (the pool keeps 10
+    """Worker transactions of one append run side by side, at most this many (the pool keeps 10
     connections; more would open and close connections, each of which Citus connects to its workers)."""
+
+    def tenant_scope(self) -> str | None:
+        """``SET LOCAL`` of the tenant, propagated to the workers: the policies run on the shards, where
+        the coordinator's connection-start setting never arrives (a worker would read no tenant)."""
+        if self.tenant is None or not self.held_by_rls:
+            return None  # no tenant is what a worker reads anyway; a bypassing role is not held
+        return tenant_scope(self.tenant)
 
     def _known_rows(self, sessions: Sequence[str]) -> dict[str, SessionInfo] | None:
         # No one-statement append from remembered rows here: that statement reads its rows from arrays
         # (Citus would run it through the coordinator, by two-phase commit). Every append locks its rows.
         return None
 
-    async def shards(self, sessions: Sequence[str]) -> dict[str, int]:
-        """The shard holding each session (asked of the coordinator's metadata, never cached, so a
+    async def placements(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Each session's shard and worker group (asked of the coordinator's metadata, never cached, so a
         rebalance cannot leave a stale answer behind)."""
         async with self._connection() as conn:
-            return {r[0]: r[1] for r in await conn.fetch(_SHARDS, list(sessions))}
+            return {r[0]: (r[1], r[2]) for r in await conn.fetch(_PLACEMENTS, list(sessions))}
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
-        """Appends ``events`` in one transaction per shard (see the module); returns the stored events."""
+        """Appends ``events`` in one transaction per worker, one statement per shard (see the module);
+        returns the stored events."""
         sessions = {e.session for e in events}
         if len(sessions) < 2 or expected_seq is not None:  # (expected_seq refuses several sessions)
             return await super().append(events, expected_seq=expected_seq)
-        shard_of = await self.shards(sorted(sessions))
+        placed = await self.placements(sorted(sessions))
+        shard_of = {s: shard for s, (shard, _) in placed.items()}
         groups: dict[int, list[int]] = {}
         for i, event in enumerate(events):
-            groups.setdefault(shard_of[event.session], []).append(i)
-        if len(groups) == 1:
-            return await super().append(events, expected_seq=expected_seq)
-        # One transaction per shard, side by side; every group runs to its end, then the first error
-        # (in the batch's order) is raised. Groups that committed stay committed: re-appending the
-        # batch is harmless (ids make it idempotent), which is what the recorder does.
+            groups.setdefault(placed[event.session][1], []).append(i)
         parts = [[events[i] for i in idx] for idx in groups.values()]
         room = asyncio.Semaphore(self.parallel_shards)
 
         async def one(part: list[Event]) -> list[Event]:
             async with room:
+                _SHARD_OF.set(shard_of)  # (this task's own context: the caller's is untouched)
                 return await super(CitusEventStore, self).append(part)
 
+        if len(parts) == 1:
+            return await asyncio.create_task(one(parts[0]))
+        # One transaction per worker, side by side; every group runs to its end, then the first error
+        # (in the batch's order) is raised. Groups that committed stay committed: re-appending the
+        # batch is harmless (ids make it idempotent), which is what the recorder does.
         outcomes = await asyncio.gather(*(one(p) for p in parts), return_exceptions=True)
         results: list[Event | None] = [None] * len(events)
         for idx, outcome in zip(groups.values(), outcomes, strict=True):
@@ -308,3 +509,9 @@ class CitusEventStore(PostgresEventStore):
         """The feed up to the coordinator's horizon, read before the shards are (see the module)."""
         horizon = await conn.fetchval(_HORIZON)
         return list(await conn.fetch(_FEED, *args, horizon))
+
+    async def head(self) -> FeedPosition:
+        """The feed's own horizon (a two-phase commit not yet confirmed holds it back, as it holds the feed):
+        following from the snapshot's xmin alone would start past such a commit's events."""
+        async with self._connection() as conn:
+            return FeedPosition(int(await conn.fetchval(_HORIZON)), 0)

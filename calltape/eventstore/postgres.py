@@ -23,7 +23,7 @@ from calltape.events import Event
 from calltape.eventstore.append_plan import AppendPlan, SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
-from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS
+from calltape.eventstore.schema import EVENT_COLUMNS, ROW_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import ChangeWaiter, FeedPosition
 from calltape.eventstore.tenancy import (
     CHANNEL,
@@ -56,8 +56,8 @@ RETURNING {_names(SESSION_COLUMNS)}
 """
 
 _INSERT_EVENTS = f"""
-INSERT INTO ct_events ({_names(EVENT_COLUMNS)})
-SELECT * FROM unnest({_arrays(EVENT_COLUMNS)})
+INSERT INTO ct_events ({_names(ROW_COLUMNS)})
+SELECT * FROM unnest({_arrays(ROW_COLUMNS)})
 ON CONFLICT (session, id) DO NOTHING
 """
 
@@ -80,7 +80,7 @@ def _known_append(with_events: bool) -> str:
     tenant's row) makes the guard divide by zero, which aborts the whole statement: nothing is
     written and the append is decided again under the session locks."""
     n = len(SESSION_COLUMNS)
-    insert = f"INSERT INTO ct_events ({_names(EVENT_COLUMNS)}) SELECT * FROM unnest({_arrays(EVENT_COLUMNS, n + 2)})"
+    insert = f"INSERT INTO ct_events ({_names(ROW_COLUMNS)}) SELECT * FROM unnest({_arrays(ROW_COLUMNS, n + 2)})"
     events = f", e AS ({insert})" if with_events else ""
     return f"""
 WITH v AS (
@@ -111,7 +111,7 @@ SESSION_CACHE: Final = 20_000
 _KEYS = "unnest($1::text[], $2::text[]) AS k(session, id) USING (session, id)"
 _FIND_STORED = f"SELECT {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events JOIN {_KEYS}"
 _FIND_STORED_KEYS = f"SELECT session, id FROM ct_events JOIN {_KEYS}"
-_COPY_COLUMNS = [c.name for c in EVENT_COLUMNS]
+_COPY_COLUMNS = [c.name for c in ROW_COLUMNS]
 
 _FEED = f"""
 SELECT txid::text::bigint AS txid, pos, {_names(EVENT_COLUMNS[:-1])}, data::text FROM ct_events
@@ -193,25 +193,30 @@ class PgWriter(AppendWriter):
         rows = await self.conn.fetch(_FIND_STORED_KEYS, [k[0] for k in keys], [k[1] for k in keys])
         return {(r[0], r[1]) for r in rows}
 
-    async def insert(self, events: Sequence[Event]) -> None:
+    async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
         if not self.copy_in:
-            if await self.insert_new(events) != len(events):
+            if await self.insert_new(events, rows) != len(events):
                 raise _StoredDuplicate
             return
         # COPY is the cheapest way in; a stored duplicate id aborts it (unique violation).
-        rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
-        await self.conn.copy_records_to_table("ct_events", records=rows, columns=_COPY_COLUMNS)
+        records = [
+            (e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data), rows[e.session].tenant)
+            for e in events
+        ]
+        await self.conn.copy_records_to_table("ct_events", records=records, columns=_COPY_COLUMNS)
 
-    async def insert_new(self, events: Sequence[Event]) -> int:
+    async def insert_new(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> int:
         """Inserts, skipping ids already stored; returns how many were written."""
-        return _rowcount(await self.conn.execute(_INSERT_EVENTS, *self._event_columns(events)))
+        return _rowcount(await self.conn.execute(_INSERT_EVENTS, *self._event_columns(events, rows)))
 
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
         await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS))
 
-    def _event_columns(self, events: Sequence[Event]) -> list[list[Any]]:
-        columns = [[getattr(e, c) for e in events] for c in _COPY_COLUMNS[:-1]]
+    def _event_columns(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> list[list[Any]]:
+        """``ROW_COLUMNS`` as arrays: the events' columns, then each one's session's tenant."""
+        columns = [[getattr(e, c.name) for e in events] for c in EVENT_COLUMNS[:-1]]
         columns.append([dumps_data(e.data) for e in events])
+        columns.append([rows[e.session].tenant for e in events])
         return columns
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
@@ -223,11 +228,11 @@ class PgWriter(AppendWriter):
         summaries = [[getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS]
         summaries.append([known[r.session].last_seq for r in rows])
         if len(plan.inserts) < COPY_FROM or not self.copy_in:
-            await self.conn.execute(_KNOWN_APPEND, *summaries, *self._event_columns(plan.inserts))
+            await self.conn.execute(_KNOWN_APPEND, *summaries, *self._event_columns(plan.inserts, plan.rows))
             return
         async with self.conn.transaction():
             await self.conn.execute(_KNOWN_SUMMARIES, *summaries)
-            await self.insert(plan.inserts)
+            await self.insert(plan.inserts, plan.rows)
 
 
 class PostgresEventStore(SqlEventStore):
@@ -280,13 +285,35 @@ class PostgresEventStore(SqlEventStore):
                     await sa_conn.invalidate()  # never hand a dead connection to the next caller
                 raise
 
+    def tenant_scope(self) -> str | None:
+        """The statement that hands this connection's tenant to the other nodes a transaction reaches,
+        run first in every transaction; None on a single node (the connection-start setting is read
+        where the rows are). Citus overrides it: its workers never see the coordinator's setting."""
+        return None
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+        """A transaction on ``conn``, with the tenant handed on where it must be (:meth:`tenant_scope`)."""
+        scope = self.tenant_scope()
+        async with conn.transaction():
+            if scope is not None:
+                await conn.execute(scope)
+            yield
+
+    @contextlib.asynccontextmanager
+    async def reading(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+        """Where reads outside a write run: as they are on a single node; in a :meth:`transaction` when
+        the tenant must be handed on (a statement on its own would reach the workers without it)."""
+        if self.tenant_scope() is None:
+            yield
+            return
+        async with self.transaction(conn):
+            yield
+
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
         async with self._connection() as conn:
-            if not write:
-                yield _PgDb(conn, self.engine.dialect)
-                return
-            async with conn.transaction():
+            async with self.transaction(conn) if write else self.reading(conn):
                 yield _PgDb(conn, self.engine.dialect)
 
     # -- writing -----------------------------------------------------------------------------
@@ -317,14 +344,14 @@ class PostgresEventStore(SqlEventStore):
             attempt, deadlocks = first, 0
             while True:
                 try:
-                    async with conn.transaction():
+                    async with self.transaction(conn):
                         rows = await writer.lock_sessions(sessions)
                         stored = await writer.lookup(events, rows) if attempt else {}
                         plan = plan_append(events, rows, stored, expected_seq)
                         if plan.inserts:
                             if not attempt:
-                                await writer.insert(plan.inserts)
-                            elif await writer.insert_new(plan.inserts) != len(plan.inserts):
+                                await writer.insert(plan.inserts, plan.rows)
+                            elif await writer.insert_new(plan.inserts, plan.rows) != len(plan.inserts):
                                 raise _StoredDuplicate
                             await writer.update_sessions(list(plan.rows.values()))
                     self._remember({**rows, **plan.rows})
@@ -350,7 +377,7 @@ class PostgresEventStore(SqlEventStore):
         if session is not None and await self._hidden(session):
             return []
         scope = (self.tenant or "") if self._filters() else None
-        async with self._connection() as conn:
+        async with self._connection() as conn, self.reading(conn):
             rows = await self._feed_rows(conn, (str(after.txid), after.pos, limit, session, scope))
         return [(FeedPosition(r[0], r[1]), to_event(r[2:])) for r in rows]
 
@@ -378,7 +405,7 @@ class PostgresEventStore(SqlEventStore):
         await db.conn.execute(_ANNOUNCE_ERASURE, CHANNEL, channel(tenant), ERASED)
 
     async def _erased(self, sessions: set[str]) -> set[str]:
-        async with self._connection() as conn:
+        async with self._connection() as conn, self.reading(conn):
             rows = await conn.fetch("SELECT session FROM ct_sessions WHERE session = ANY($1::text[])", list(sessions))
         return sessions - {r[0] for r in rows}
 
@@ -429,8 +456,11 @@ class _NotifyWaiter(ChangeWaiter):
 
     async def wait(self, seconds: float) -> None:
         await self._ensure()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), seconds)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that arrives as the
+        # wait ends (a NOTIFY), and a subscriber stopped at that instant (tail on SIGTERM) waited forever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._woken.wait()
         self._woken.clear()
 
     async def close(self) -> None:

@@ -17,7 +17,19 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import ColumnElement, Integer, Text, bindparam, cast, delete, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    LargeBinary,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Dialect
@@ -229,12 +241,17 @@ _REWRITE_DATA = Query(
 _SAVE_SNAPSHOT = Query(
     lambda d: (
         insert_for(d)(snapshots)
-        .values(
-            session=bindparam("session"),
-            version=bindparam("version"),
-            seq=bindparam("seq"),
-            state=bindparam("state"),
-            created_at_ms=bindparam("created_at_ms"),
+        .from_select(
+            ["session", "version", "seq", "state", "created_at_ms", "tenant"],
+            # the tenant from the session's row, in the same statement (no round trip more)
+            select(
+                sessions.c.session,
+                cast(bindparam("version"), Integer),
+                cast(bindparam("seq"), Integer),
+                cast(bindparam("state"), LargeBinary),
+                cast(bindparam("created_at_ms"), BigInteger),
+                sessions.c.tenant,
+            ).where(_session_is(sessions)),
         )
         .on_conflict_do_nothing()
     )

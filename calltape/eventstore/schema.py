@@ -9,6 +9,10 @@ PostgreSQL and text on SQLite; and only PostgreSQL has ``txid`` (the transaction
 which orders the global feed) with its index. A column marked ``info={"only": dialect}`` is left out of
 the other dialect's ``CREATE TABLE``.
 
+``ct_events`` and ``ct_snapshots`` carry their session's tenant (migration 0005), copied from the
+session's summary row by every write: a row-level-security policy can then hold each row by its own
+columns, which is the only kind Citus accepts (see :mod:`.citus`).
+
 The existing migration files (0001, 0002) keep their own copy of the columns on purpose: a
 migration is history and must create the schema of its day, whatever these tables become later.
 """
@@ -101,6 +105,7 @@ events = Table(
     Column("epoch", Integer),
     Column("data", JSONB().with_variant(Text(), "sqlite"), nullable=False),
     Column("txid", Xid8(), nullable=False, server_default=text("pg_current_xact_id()"), info={ONLY: "postgresql"}),
+    Column("tenant", Text),
     UniqueConstraint("session", "seq", name="ct_events_session_seq"),
     UniqueConstraint("session", "id", name="ct_events_session_id"),
     Index("ct_events_feed", "txid", "pos").ddl_if(dialect="postgresql"),
@@ -118,6 +123,7 @@ snapshots = Table(
     Column("seq", Integer, nullable=False),
     Column("state", LargeBinary, nullable=False),
     Column("created_at_ms", BigInteger, nullable=False),
+    Column("tenant", Text),
     PrimaryKeyConstraint("session", "version", "seq"),
 )
 """Fold snapshots: a cache, dropped whenever stored events are rewritten."""
@@ -135,5 +141,8 @@ tombstones = Table(
 SESSION_COLUMNS = tuple(sessions.c)
 """The summary's columns, in :class:`~calltape.eventstore.append_plan.SessionInfo` field order."""
 
-EVENT_COLUMNS = tuple(c for c in events.c if c.name not in ("pos", "txid"))
-"""An event's columns as written: ``session, seq, id, type, at_ms, agent, epoch, data``."""
+EVENT_COLUMNS = tuple(c for c in events.c if c.name not in ("pos", "txid", "tenant"))
+"""An event's columns: ``session, seq, id, type, at_ms, agent, epoch, data``."""
+
+ROW_COLUMNS = (*EVENT_COLUMNS, events.c.tenant)
+"""A ``ct_events`` row as written: the event's columns, then its session's tenant (migration 0005)."""

@@ -36,7 +36,7 @@ from calltape.eventstore.queries import (
     to_event,
     to_session_info,
 )
-from calltape.eventstore.schema import EVENT_COLUMNS, SESSION_COLUMNS, events, sessions
+from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS, events, sessions
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
@@ -111,7 +111,7 @@ _ENSURE_SESSIONS = Query(
 _SESSIONS_IN = Query(lambda _: select(*SESSION_COLUMNS).where(sessions.c.session.in_(_in_json("sessions"))))
 _STORED = Query(lambda _: select(*EVENT_SELECT).where(_id_in("ids")))
 _STORED_KEYS = Query(lambda _: select(events.c.session, events.c.id).where(_id_in("ids")))
-_INSERT_EVENTS = Query(lambda _: insert(events).values({c.name: bindparam(c.name) for c in EVENT_COLUMNS}))
+_INSERT_EVENTS = Query(lambda _: insert(events).values({c.name: bindparam(c.name) for c in ROW_COLUMNS}))
 _UPDATE_SESSIONS = Query(
     lambda _: (
         update(sessions)
@@ -160,10 +160,13 @@ class SqliteWriter(AppendWriter):
     async def stored_keys(self, keys: Sequence[Key]) -> set[Key]:
         return {(r[0], r[1]) for r in await self._select(_STORED_KEYS, keys)}
 
-    async def insert(self, events: Sequence[Event]) -> None:
-        sql = _INSERT_EVENTS.compiled(self.db.dialect)[0]  # parameters in EVENT_COLUMNS order
-        rows = [(e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data)) for e in events]
-        await self.db.conn.exec_driver_sql(sql, rows)
+    async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
+        sql = _INSERT_EVENTS.compiled(self.db.dialect)[0]  # parameters in ROW_COLUMNS order
+        records = [
+            (e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data), rows[e.session].tenant)
+            for e in events
+        ]
+        await self.db.conn.exec_driver_sql(sql, records)
 
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
         # Followers poll: SQLite has no notifications to send.

@@ -10,7 +10,7 @@ runs one ``executemany``. A backend implements :class:`AppendWriter` once; both 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo, plan_append
@@ -42,8 +42,9 @@ class AppendWriter(ABC):
         """Which of ``keys`` are stored (ids only, nothing decoded)."""
 
     @abstractmethod
-    async def insert(self, events: Sequence[Event]) -> None:
-        """Writes planned events by the cheapest path; an id already stored makes it raise."""
+    async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
+        """Writes planned events by the cheapest path; an id already stored makes it raise. Each row
+        carries its session's tenant, from ``rows`` (the summaries as the plan leaves them)."""
 
     @abstractmethod
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
@@ -59,6 +60,6 @@ class AppendWriter(ABC):
         rows = await self.lock_sessions(sorted({e.session for e in events}))
         plan = plan_append(events, rows, await self.lookup(events, rows), expected_seq)
         if plan.inserts:
-            await self.insert(plan.inserts)
+            await self.insert(plan.inserts, plan.rows)
             await self.update_sessions(list(plan.rows.values()))
         return plan.results

@@ -8,16 +8,23 @@ suite runs on the cluster too when that variable is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
-from eventstore_support import asyncpg_dsn, started, text
+from eventstore_support import asyncpg_dsn, settle, started, text
 
-from calltape.errors import CalltapeError
+from calltape.errors import CalltapeError, TenantRefused
 from calltape.eventstore import open_store, upgrade
-from calltape.eventstore.citus import DISTRIBUTED, NO_TENANTS, CitusEventStore, is_duplicate
+from calltape.eventstore.bulk import bulk_import
+from calltape.eventstore.citus import DISTRIBUTED, CitusEventStore, is_duplicate, settle_two_phase, tenant_scope
+from calltape.eventstore.postgres import PostgresEventStore
+from calltape.eventstore.tenancy import ALL_TENANTS
 
 pytestmark = pytest.mark.postgres
 
@@ -29,6 +36,21 @@ def test_a_unique_violation_relayed_by_citus_is_a_duplicate() -> None:
     assert is_duplicate(relayed)
     assert is_duplicate(asyncpg.UniqueViolationError("duplicate key value violates unique constraint"))
     assert not is_duplicate(asyncpg.InternalServerError("could not connect to worker"))
+
+
+async def test_an_import_that_may_not_confirm_its_two_phase_commit_still_succeeds() -> None:
+    # Citus lets only a superuser run its 2PC recovery: for any other role the import has committed all
+    # the same, and the feed waits for Citus's own recovery round instead.
+    class Refusing:
+        async def fetchval(self, query: str) -> None:
+            raise asyncpg.InsufficientPrivilegeError("permission denied for function recover_prepared_transactions")
+
+    class Lost:
+        async def fetchval(self, query: str) -> None:
+            raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+
+    assert await settle_two_phase(Refusing()) is False  # type: ignore[arg-type]
+    assert await settle_two_phase(Lost()) is False  # type: ignore[arg-type]
 
 
 async def test_events_are_keyed_by_session_and_pos(pg_url: str) -> None:
@@ -62,6 +84,22 @@ async def test_citus_is_required_only_when_asked(pg_url: str, tmp_path) -> None:
 
 
 @pytest.mark.citus
+async def test_upgrade_confirms_the_two_phase_commits_the_feed_waits_for(pg_url: str) -> None:
+    # A statement over every shard commits by two-phase commit; its records hold the feed's horizon
+    # until Citus confirms them (within a minute on its own): db upgrade confirms them at once (it
+    # distributes the tables by such commits, and the feed stood still for a minute after it)
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        await conn.execute("DELETE FROM ct_tombstones WHERE session = ANY($1::text[])", ["none-1", "none-2"])
+        await conn.execute("UPDATE ct_tombstones SET events = events WHERE events < 0")
+        assert await _two_phase_commits(pg_url) > 0
+        await upgrade(pg_url)
+        assert await _two_phase_commits(pg_url) == 0
+    finally:
+        await conn.close()
+
+
+@pytest.mark.citus
 async def test_the_tables_are_distributed_by_session_and_colocated(pg_url: str) -> None:
     assert await upgrade(pg_url, citus=True) == await upgrade(pg_url)  # idempotent
     conn = await asyncpg.connect(asyncpg_dsn(pg_url))
@@ -89,14 +127,27 @@ async def _two_phase_commits(url: str) -> int:
 
 
 @pytest.mark.citus
-async def test_an_append_over_many_shards_commits_each_shard_in_one_phase(pg_url: str) -> None:
+async def test_an_append_over_many_shards_commits_one_transaction_per_worker_in_one_phase(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sessions = [f"citus-{uuid.uuid4().hex[:12]}" for _ in range(40)]
+    transactions: list[int] = []
+    single_node_append = PostgresEventStore.append
+
+    async def counted(self: PostgresEventStore, events: Any, **kw: Any) -> Any:
+        transactions.append(len(events))
+        return await single_node_append(self, events, **kw)
+
+    monkeypatch.setattr(PostgresEventStore, "append", counted)
     async with await open_store(pg_url) as store:
         assert isinstance(store, CitusEventStore)
-        assert len(set((await store.shards(sessions)).values())) > 1
+        placed = await store.placements(sessions)
+        assert len({shard for shard, _ in placed.values()}) > 2
+        workers = {group for _, group in placed.values()}
         before = await _two_phase_commits(pg_url)
         batch = [started(s) for s in sessions] + [text(s, "hello") for s in reversed(sessions)]
         stored = await store.append(batch)
+        assert len(transactions) == len(workers) and sum(transactions) == len(batch)
         assert [(e.session, e.type) for e in stored] == [(e.session, e.type) for e in batch]
         assert [e.seq for e in stored] == [1] * 40 + [2] * 40
         assert await _two_phase_commits(pg_url) == before  # no transaction prepared on two shards
@@ -122,16 +173,321 @@ async def test_the_feed_reads_below_the_coordinators_horizon(pg_url: str) -> Non
             await tx.rollback()
         finally:
             await holder.close()
-        await asyncio.sleep(0)
+        # Released: handed out as soon as no older transaction is open on the coordinator (other
+        # databases' included: the horizon is the server's), so allow a busy cluster a few seconds.
+        for _ in range(100):
+            if [e.session for _, e in await store.feed(head) if e.session == session] == [session]:
+                break
+            await asyncio.sleep(0.1)
         assert [e.session for _, e in await store.feed(head) if e.session == session] == [session]
 
 
+# -- tenants on the cluster (the tenant suite, tests/eventstore/test_tenants.py, runs here too) ----------
+
+
+@contextlib.asynccontextmanager
+async def app_role(url: str) -> AsyncIterator[str]:
+    """A login role prepared by ``db upgrade --grant`` on the cluster; yields its URL, dropped afterwards."""
+    role = f"calltape_citus_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')  # Citus creates it on the workers too
+        try:
+            await upgrade(url, grant=role)
+            yield url.replace("postgres@", f"{role}@", 1)
+        finally:
+            await admin.execute(f'DROP OWNED BY "{role}"')
+            await admin.execute(f'DROP ROLE "{role}"')
+    finally:
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def held(url: str, tenant: str) -> AsyncIterator[asyncpg.Connection]:
+    """Raw SQL in one transaction, held to ``tenant`` the way calltape holds its own on Citus."""
+    conn = await asyncpg.connect(asyncpg_dsn(url), server_settings={"calltape.tenant": tenant})
+    try:
+        async with conn.transaction():
+            await conn.execute(tenant_scope(tenant))
+            yield conn
+    finally:
+        await conn.close()
+
+
 @pytest.mark.citus
-async def test_a_store_on_citus_refuses_a_tenant(pg_url: str) -> None:
-    # The tenant policies of events and snapshots read ct_sessions in a subquery, which Citus refuses, so
-    # the database would not keep tenants apart: calltape says so instead of pretending.
-    with pytest.raises(CalltapeError) as info:
-        await open_store(pg_url, tenant="acme")
-    assert str(info.value) == NO_TENANTS
-    with pytest.raises(CalltapeError, match="does not keep tenants apart on a Citus cluster"):
-        await upgrade(pg_url, grant="postgres")
+async def test_tenants_are_kept_apart_by_the_cluster(pg_url: str) -> None:
+    assert pg_url.startswith("postgresql://postgres@")
+    tag = uuid.uuid4().hex[:8]
+    a, b, acme, globex = f"a-{tag}", f"b-{tag}", f"acme-{tag}", f"globex-{tag}"
+    async with await open_store(pg_url, tenant=ALL_TENANTS) as operator:
+        await operator.append([started(a, tenant=acme), text(a, "for acme")])
+        await operator.append([started(b, tenant=globex), text(b, "for globex")])
+        await operator.save_snapshot(b, 2, 1, b"state")
+    async with app_role(pg_url) as url:
+        async with await open_store(url, tenant=acme) as store:
+            assert isinstance(store, CitusEventStore)
+            assert [i.session for i in await store.sessions()] == [a]
+            assert await store.read(b) == [] and await store.load_snapshot(b, 1) is None
+            with pytest.raises(TenantRefused):
+                await store.append([text(b, "intruder")])
+            assert [e.seq for e in await store.append([text(a, "again")])] == [3]
+        # Raw SQL held to acme: other tenants' rows are invisible on the workers.
+        async with held(url, acme) as conn:
+            for table in ("ct_sessions", "ct_events", "ct_snapshots"):
+                assert {r[0] for r in await conn.fetch(f"SELECT DISTINCT session FROM {table}")} <= {a}, table
+            assert await conn.fetchval("SELECT count(*) FROM ct_events WHERE tenant IS DISTINCT FROM $1", acme) == 0
+        # ... and it cannot add rows under globex's session id: not with globex's tenant (the policy) ...
+        for sql in (
+            "INSERT INTO ct_events (session, seq, id, type, at_ms, data, tenant) "
+            "VALUES ($1, 99, 'x', 'user.text', 0, '{}', $2)",
+            "INSERT INTO ct_snapshots (session, version, seq, state, created_at_ms, tenant) "
+            "VALUES ($1, 9, 9, 'x', 0, $2)",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+                async with held(url, acme) as conn:
+                    await conn.execute(sql, b, globex)
+            # ... nor with its own: there is no session row (b, acme), so the foreign key refuses it at the
+            # commit (where Citus reports the worker's refusal as a failed commit of that shard).
+            with pytest.raises(asyncpg.PostgresError, match="could not commit transaction for shard"):
+                async with held(url, acme) as conn:
+                    await conn.execute(sql, b, acme)
+    async with await open_store(pg_url, tenant=ALL_TENANTS) as operator:
+        assert [e.data.get("text") for e in await operator.read(b)] == [None, "for globex"]
+        assert await operator.load_snapshot(b, 1) == (2, b"state")
+
+
+# -- two-phase commits and the feed ------------------------------------------------------------
+
+
+async def _feed_of(store: CitusEventStore, after, sessions: set[str]) -> list:
+    rows, position = [], after
+    while page := await store.feed(position, limit=200):
+        rows += [(p, e) for p, e in page if e.session in sessions]
+        position = page[-1][0]
+    return rows
+
+
+@pytest.mark.citus
+async def test_the_feed_waits_for_a_two_phase_commit_its_workers_have_not_committed(pg_url: str) -> None:
+    # The window, held open: the coordinator's transaction has committed (with its pg_dist_transaction
+    # record, as Citus writes it before PREPARE), while the worker still holds the prepared transaction
+    # with the event, as between Citus's COMMIT and its COMMIT PREPARED. A later append commits in one
+    # phase above it. The feed must hand out neither until the worker commits: handing out the later one
+    # would move the reader past the prepared event for ever.
+    late, after = f"citus-{uuid.uuid4().hex[:12]}", f"citus-{uuid.uuid4().hex[:12]}"
+    gid = f"citus_0_999999_{uuid.uuid4().int % 10**12}_0"  # Citus's own format: its recovery may commit it too
+    coordinator = await asyncpg.connect(asyncpg_dsn(pg_url))
+    worker: asyncpg.Connection | None = None
+    try:
+        group, host, port, events_shard, sessions_shard, pos = await coordinator.fetchrow(
+            "SELECT n.groupid, n.nodename, n.nodeport, get_shard_id_for_distribution_column('ct_events', $1::text),"
+            " get_shard_id_for_distribution_column('ct_sessions', $1::text), nextval('ct_events_pos_seq')"
+            " FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)"
+            " WHERE p.shardid = get_shard_id_for_distribution_column('ct_events', $1::text)",
+            late,
+        )
+        async with await open_store(pg_url) as store:
+            assert isinstance(store, CitusEventStore)
+            head = await store.head()
+            tx = coordinator.transaction()
+            await tx.start()
+            xid = int(await coordinator.fetchval("SELECT pg_current_xact_id()::text"))
+            worker = await asyncpg.connect(asyncpg_dsn(pg_url), host=host, port=port)
+            await worker.execute("BEGIN")
+            await worker.execute(
+                f"INSERT INTO ct_sessions_{sessions_shard} (session, status, last_seq, epoch) "
+                "VALUES ($1, 'active', 1, 1)",
+                late,
+            )
+            await worker.execute(
+                f"INSERT INTO ct_events_{events_shard} (session, seq, id, type, at_ms, epoch, data, txid, pos) "
+                "OVERRIDING SYSTEM VALUE VALUES ($1, 1, 'e1', 'session.started', 0, 1, '{}', $2::text::xid8, $3)",
+                late,
+                str(xid),
+                pos,
+            )
+            await worker.execute(f"PREPARE TRANSACTION '{gid}'")
+            await coordinator.execute("INSERT INTO pg_dist_transaction (groupid, gid) VALUES ($1, $2)", group, gid)
+            await tx.commit()  # the coordinator's xid has ended; the worker's rows are not yet visible
+
+            await store.append([started(after)])
+            assert (await store.head()).txid <= xid
+            pending = "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1"
+            seen = await _feed_of(store, head, {late, after})
+            if await worker.fetchval(pending, gid):  # still prepared after the read (Citus's recovery may commit it)
+                assert seen == []
+
+            await worker.execute(f"COMMIT PREPARED '{gid}'")
+            await settle(store)  # Citus's recovery confirms it (the record goes); other backends' transactions end
+            seen = await _feed_of(store, head, {late, after})
+            assert [e.session for _, e in seen] == [late, after]
+            assert seen[0][0].txid == xid
+    finally:
+        if worker is not None:
+            with contextlib.suppress(asyncpg.PostgresError):
+                await worker.execute(f"ROLLBACK PREPARED '{gid}'")
+            await worker.close()
+        await coordinator.execute("DELETE FROM pg_dist_transaction WHERE gid = $1", gid)
+        await coordinator.close()
+
+
+@pytest.mark.citus
+async def test_a_follower_sees_every_event_of_a_multi_shard_import_exactly_once(pg_url: str) -> None:
+    # An import is one transaction over every shard it touches, committed by two-phase commit, while
+    # other sessions append around it and a follower reads the feed all along.
+    imported = [f"citus-imp-{uuid.uuid4().hex[:10]}" for _ in range(30)]
+    live = [f"citus-live-{uuid.uuid4().hex[:10]}" for _ in range(4)]
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        assert len({shard for shard, _ in (await store.placements(imported)).values()}) > 1
+        head = await store.head()
+        expected = len(imported) * 3 + len(live) * 10
+        seen: list = []
+        done = asyncio.Event()
+
+        async def follow() -> None:
+            position = head
+            while len(seen) < expected:
+                page = await store.feed(position, limit=100)
+                seen.extend((p, e) for p, e in page if e.session in set(imported) | set(live))
+                position = page[-1][0] if page else position
+                if not page:
+                    await asyncio.sleep(0.005)
+            done.set()
+
+        async def write_live() -> None:
+            for i in range(10):
+                await store.append([started(s) if i == 0 else text(s, f"l{i}") for s in live])
+                await asyncio.sleep(0.01)
+
+        follower = asyncio.create_task(follow())
+        writer = asyncio.create_task(write_live())
+        try:
+            async with bulk_import(store) as imp:
+                await imp.add([started(s) for s in imported])
+                await asyncio.sleep(0.05)
+                await imp.add([text(s, "one") for s in imported] + [text(s, "two") for s in imported])
+            await writer
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        keys = [(e.session, e.seq) for _, e in seen]
+        assert len(keys) == len(set(keys)) == expected
+        positions = [p for p, _ in seen]
+        assert positions == sorted(positions)
+        # The import asked Citus to confirm its commits as it ended: its 2PC records are gone already.
+        (xid,) = {p.txid for p, e in seen if e.session in set(imported)}
+        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+        try:
+            left = await conn.fetchval(
+                "SELECT count(*) FROM pg_dist_transaction WHERE xmin::text::bigint = $1", xid % 2**32
+            )
+        finally:
+            await conn.close()
+        assert left == 0
+
+
+# -- every per-session path on one shard -------------------------------------------------------
+
+_DISTRIBUTED_SQL = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
+
+
+@contextlib.contextmanager
+def _statements() -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    """Every statement the store sends through asyncpg meanwhile, with its arguments."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    cls = asyncpg.connection.Connection
+    originals = {name: getattr(cls, name) for name in ("fetch", "fetchrow", "fetchval", "execute", "executemany")}
+
+    def recording(name: str) -> Any:
+        original = originals[name]
+
+        async def call(self: Any, query: str, *args: Any, **kw: Any) -> Any:
+            if name == "executemany":
+                seen.extend((query, tuple(a)) for a in args[0])
+            else:
+                seen.append((query, args))
+            return await original(self, query, *args, **kw)
+
+        return call
+
+    for name in originals:
+        setattr(cls, name, recording(name))
+    try:
+        yield seen
+    finally:
+        for name, original in originals.items():
+            setattr(cls, name, original)
+
+
+async def _task_counts(url: str, statements: list[tuple[str, tuple[Any, ...]]]) -> list[tuple[int, str]]:
+    """Citus's task count for each statement that reads or writes a distributed table (EXPLAIN, which
+    plans DML without running it); statements of the coordinator alone (NOTIFY, the horizon) have none."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    counts = []
+    try:
+        for sql, args in statements:
+            if not sql.lstrip().upper().startswith(_DISTRIBUTED_SQL):
+                continue
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN (COSTS OFF) " + sql, *args))
+            found = re.findall(r"Task Count: (\d+)", plan)
+            if found:
+                counts.append((max(int(n) for n in found), " ".join(sql.split())[:80]))
+    finally:
+        await conn.close()
+    return counts
+
+
+@pytest.mark.citus
+async def test_every_per_session_path_is_routed_to_one_shard(pg_url: str) -> None:
+    session = f"citus-{uuid.uuid4().hex[:12]}"
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        first = [started(session), text(session, "one")]
+        paths: dict[str, Callable[[], Awaitable[Any]]] = {
+            "append": lambda: store.append(first),
+            "append again (stored ids looked up)": lambda: store.append(first),
+            "append expected_seq (resume)": lambda: store.append([text(session, "two")], expected_seq=2),
+            "read": lambda: store.read(session),
+            "read range": lambda: store.read(session, after_seq=1, to_seq=3, limit=2),
+            "seq_at_time": lambda: store.seq_at_time(session, first[1].at_ms),
+            "session summary": lambda: store.session_info(session),
+            "snapshot save": lambda: store.save_snapshot(session, 2, 1, b"state"),
+            "snapshot load": lambda: store.load_snapshot(session, 1, max_seq=3),
+            "rewrite data": lambda: store.rewrite_data(session, [(2, {"text": "x"})]),
+            "erase": lambda: store.erase(session),
+            "tombstone": lambda: store.tombstone(session),
+        }
+        fanned: dict[str, list[tuple[int, str]]] = {}
+        for name, path in paths.items():
+            with _statements() as seen:
+                await path()
+            counts = await _task_counts(pg_url, seen)
+            assert counts, f"{name}: no distributed statement seen"
+            if any(n != 1 for n, _ in counts):
+                fanned[name] = [c for c in counts if c[0] != 1]
+        assert fanned == {}
+
+
+@pytest.mark.citus
+async def test_a_statement_outside_a_held_transaction_reaches_the_workers_without_a_tenant(pg_url: str) -> None:
+    # The residual the README states: the workers read the tenant from the transaction's SET LOCAL (what
+    # calltape runs first in each of its transactions), never from the coordinator's connection setting.
+    # A bare statement on a tenant's connection sees the sessions without a tenant there, no other tenant's.
+    tag = uuid.uuid4().hex[:8]
+    mine, nobody = f"a-{tag}", f"n-{tag}"
+    async with await open_store(pg_url, tenant=ALL_TENANTS) as operator:
+        await operator.append([started(mine, tenant=f"acme-{tag}")])
+        await operator.append([started(nobody)])
+    async with app_role(pg_url) as url:
+        conn = await asyncpg.connect(asyncpg_dsn(url), server_settings={"calltape.tenant": f"acme-{tag}"})
+        try:
+            seen = {
+                r[0]
+                for r in await conn.fetch("SELECT session FROM ct_sessions WHERE session = ANY($1)", [mine, nobody])
+            }
+        finally:
+            await conn.close()
+    assert seen == {nobody}

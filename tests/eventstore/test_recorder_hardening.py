@@ -237,6 +237,6 @@ async def test_a_poison_event_is_isolated_at_once(store: EventStore, session_id:
     assert "4242" not in str(rejected[0][1])
     assert rec.stats.retries == 0
     assert rec.stats.batches - batches_before <= 2 * math.ceil(math.log2(41)) + 2 + 3
-    assert elapsed < 2
+    assert elapsed < (6 if on_citus(store) else 2)  # (a Citus append costs several hops per shard)
     for s in sessions:
         assert [e.data.get("text") for e in await store.read(s)] == [None, "before", "after"]
