@@ -13,6 +13,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import await_only
 
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
@@ -44,6 +47,28 @@ from calltape.eventstore.writer import AppendWriter, Key
 log = logging.getLogger("calltape.eventstore")
 
 
+BUSY_TIMEOUT_MS = 10_000
+"""How long a writer waits for another process's write lock before the store reports the file locked."""
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """Switches the file to WAL, retrying while another process holds the lock. On a fresh file that
+    several processes open at once, SQLite answers "database is locked" at once, without its busy
+    handler, when the switch meets another process's lock (seen on a loaded machine, about one trial
+    in twenty); once the file is in WAL the statement changes nothing and takes no write lock."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.002
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        await_only(asyncio.sleep(delay))  # the connect hook runs under SQLAlchemy's async bridge
+        delay = min(delay * 2, 0.05)
+
+
 def configure_engine(engine: AsyncEngine) -> None:
     """WAL for concurrent readers, a busy timeout for writers, and explicit BEGIN control."""
 
@@ -53,8 +78,8 @@ def configure_engine(engine: AsyncEngine) -> None:
         cursor = dbapi_connection.cursor()
         # The busy timeout first: switching a fresh file to WAL takes a lock that another process
         # opening the same file at the same instant may hold.
-        cursor.execute("PRAGMA busy_timeout=10000")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
