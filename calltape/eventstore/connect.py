@@ -19,7 +19,13 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from calltape.errors import CalltapeError, SchemaOutdated
 from calltape.eventstore import tenancy
-from calltape.eventstore.citus import CitusEventStore, distribute, is_distributed, settle_two_phase
+from calltape.eventstore.citus import (
+    CONNECTION_SETTINGS,
+    CitusEventStore,
+    distribute,
+    is_distributed,
+    settle_two_phase,
+)
 from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.queries import dumps_data
@@ -120,7 +126,7 @@ def create_engine(url: str, *, tenant: str | None = None) -> AsyncEngine:
         json_deserializer=orjson.loads,
         connect_args={
             "timeout": 10,
-            "server_settings": tenant_settings(tenant),
+            "server_settings": {**tenant_settings(tenant), **CONNECTION_SETTINGS},
         },
     )
 
