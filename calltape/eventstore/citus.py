@@ -57,6 +57,7 @@ where subscribers LISTEN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -68,7 +69,7 @@ from sqlalchemy import Connection, text
 from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.eventstore import postgres
-from calltape.eventstore.append_plan import SessionInfo
+from calltape.eventstore.append_plan import AppendPlan, SessionInfo
 from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.queries import dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
@@ -295,6 +296,15 @@ FROM unnest({postgres._arrays(SESSION_COLUMNS)}) AS v({postgres._names(SESSION_C
 WHERE s.session = v.session AND s.session = ANY($1::text[])
 """
 
+_KNOWN_SUMMARIES = f"""
+UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
+FROM unnest({postgres._arrays(SESSION_COLUMNS)}, ${len(SESSION_COLUMNS) + 1}::int[])
+    AS v({postgres._names(SESSION_COLUMNS)}, old_last_seq)
+WHERE s.session = v.session AND s.last_seq = v.old_last_seq AND s.session = ANY($1::text[])
+"""
+"""The known-rows append's summaries, written only over rows that are still what the writer knew."""
+
+
 _NOTIFY = f"""
 SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c
 UNION SELECT '{CHANNEL}_' || md5(coalesce(t, '')) FROM unnest($1::text[]) AS t) AS channels
@@ -402,6 +412,23 @@ class CitusWriter(PgWriter):
             await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in part] for c in SESSION_COLUMNS))
         await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
 
+    async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
+        """Writes a plan made against ``known`` session rows without locking them first: per shard, the
+        summaries only where each row is still what ``known`` says (its ``last_seq``); then the events and
+        the wake-up, all in the store's transaction (:meth:`CitusEventStore.writing_known`). A row that
+        moved raises ``_RowsMoved``: the transaction rolls back and the store decides the append again
+        under the locks. (The single-node statement does it all at once, but Citus runs a statement with
+        modifying CTEs through the coordinator, part by part.)"""
+        rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
+        for part in _by_shard(rows, lambda r: r.session):
+            summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
+            summaries.append([known[r.session].last_seq for r in part])
+            if postgres._rowcount(await self.conn.execute(_KNOWN_SUMMARIES, *summaries)) != len(part):
+                raise postgres._RowsMoved
+        if plan.inserts:
+            await self.insert(plan.inserts, plan.rows)
+        await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
+
 
 # -- the feed's horizon -----------------------------------------------------------------------
 
@@ -468,10 +495,10 @@ class CitusEventStore(PostgresEventStore):
             return None  # no tenant is what a worker reads anyway; a bypassing role is not held
         return tenant_scope(self.tenant)
 
-    def _known_rows(self, sessions: Sequence[str]) -> dict[str, SessionInfo] | None:
-        # No one-statement append from remembered rows here: that statement reads its rows from arrays
-        # (Citus would run it through the coordinator, by two-phase commit). Every append locks its rows.
-        return None
+    def writing_known(self, conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[None]:
+        """The known-rows append is several statements here (:meth:`CitusWriter.append_known`): one
+        transaction, with the tenant handed on."""
+        return self.transaction(conn)
 
     async def placements(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Each session's shard and worker group (asked of the coordinator's metadata, never cached, so a

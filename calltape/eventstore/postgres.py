@@ -129,8 +129,13 @@ class _StoredDuplicate(Exception):
     """The optimistic insert met an id the session already has: replan with the stored events."""
 
 
+class _RowsMoved(Exception):
+    """A session row moved since the writer knew it (Citus's known-rows append finds it so)."""
+
+
 _DECIDE_AGAIN = (
     _StoredDuplicate,
+    _RowsMoved,
     asyncpg.UniqueViolationError,  # a stored duplicate id (or seq: another writer got there first)
     asyncpg.DivisionByZeroError,  # the known-rows guard: a session row moved since it was cached
     asyncpg.DeadlockDetectedError,
@@ -310,6 +315,11 @@ class PostgresEventStore(SqlEventStore):
         async with self.transaction(conn):
             yield
 
+    def writing_known(self, conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[None]:
+        """Where :meth:`PgWriter.append_known` runs: on a single node its one statement is a transaction
+        of its own; Citus writes it in several (see :mod:`.citus`), in a :meth:`transaction`."""
+        return contextlib.nullcontext()
+
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
         async with self._connection() as conn:
@@ -333,7 +343,8 @@ class PostgresEventStore(SqlEventStore):
                 # and write in one statement that checks them (no lock, no lookup round trip).
                 try:
                     plan = plan_append(events, known, {}, expected_seq)
-                    await writer.append_known(plan, known)
+                    async with self.writing_known(conn):
+                        await writer.append_known(plan, known)
                     self._remember({**known, **plan.rows})
                     return plan.results
                 except _DECIDE_AGAIN:

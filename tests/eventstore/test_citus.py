@@ -511,3 +511,4 @@ async def test_store_connections_skip_citus_shard_hiding(pg_url: str) -> None:
             conn = raw.driver_connection
             assert conn is not None
             assert "relation_is_a_known_shard" not in "\n".join(r[0] for r in await conn.fetch(plan))
+

@@ -1,10 +1,10 @@
-"""PostgreSQL's one-statement append for a writer's own sessions: planned against the session rows its
-last append left, written by a statement that checks those rows still hold. Every way the rows can move
-behind the writer's back must be caught and decided again under the locks, never written on stale rows."""
+"""PostgreSQL's one-statement append for a writer's own sessions (on Citus, a few statements in one
+transaction): planned against the session rows its last append left, written only where those rows
+still hold. Every way the rows can move behind the writer's back must be caught and decided again under
+the locks, never written on stale rows."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,10 +13,8 @@ from eventstore_support import insert_raw_event, started, text, texts
 from calltape.errors import FencedWrite, SessionErased
 from calltape.events import make_event
 from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.citus import CitusWriter
 from calltape.eventstore.postgres import COPY_FROM, PgWriter
-
-if os.environ.get("CALLTAPE_TEST_CITUS_URL"):
-    pytest.skip("the Citus store locks its rows on every append (no one-statement append)", allow_module_level=True)
 
 
 @pytest.fixture
@@ -33,13 +31,14 @@ async def pair(pg_url: str) -> AsyncIterator[tuple[EventStore, EventStore]]:
 def locks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many appends took the session locks (the path the known rows spare)."""
     taken: list[int] = []
-    original = PgWriter.lock_sessions
+    for writer in (PgWriter, CitusWriter):  # (Citus locks its rows its own way)
+        original = writer.__dict__["lock_sessions"]
 
-    async def counting(self: PgWriter, sessions):  # type: ignore[no-untyped-def]
-        taken.append(len(sessions))
-        return await original(self, sessions)
+        async def counting(self: PgWriter, sessions, original=original):  # type: ignore[no-untyped-def]
+            taken.append(len(sessions))
+            return await original(self, sessions)
 
-    monkeypatch.setattr(PgWriter, "lock_sessions", counting)
+        monkeypatch.setattr(writer, "lock_sessions", counting)
     return taken
 
 
