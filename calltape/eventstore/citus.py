@@ -86,12 +86,23 @@ ANCHOR = "ct_sessions"
 DISTRIBUTED = (ANCHOR, "ct_events", "ct_snapshots", "ct_tombstones")
 """The tables :func:`distribute` shards, in order (the anchor first)."""
 
-CONNECTION_SETTINGS = {"citus.override_table_visibility": "off"}
-"""Started with by every calltape PostgreSQL connection (a plain server keeps it as an unused placeholder).
+CONNECTION_SETTINGS = {
+    "citus.override_table_visibility": "off",
+    "citus.max_adaptive_executor_pool_size": "2",
+    "citus.max_cached_conns_per_worker": "2",
+}
+"""Started with by every calltape PostgreSQL connection (a plain server keeps them as unused placeholders).
+
 Citus hides shards from ``pg_class`` by checking every row a catalog query reads, and asyncpg's type
 look-up, run on each new connection, took 350 ms so on a coordinator with 128 shards (4 ms without),
 queued on the lock manager behind each other: 20 writers on fresh pool connections appended 70 times a
-second. calltape never lists ``pg_class``, so seeing the shards there changes nothing for it."""
+second. calltape never lists ``pg_class``, so seeing the shards there changes nothing for it.
+
+A query over every shard (a page of the feed) may open up to 16 connections to each worker, of which
+Citus keeps one when the transaction ends: every page opened and closed 15. Two, both kept, read the feed
+twice as fast here; on a worker that is up to two connections for each of calltape's (the pool's 30 at
+most), where Citus's defaults could open 16.
+"""
 
 _HAS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 _IS_DISTRIBUTED = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass(:t))"
@@ -436,6 +447,15 @@ class CitusWriter(PgWriter):
 _FEED = postgres._FEED.replace("pg_snapshot_xmin(pg_current_snapshot())", "$6::text::xid8")
 assert _FEED != postgres._FEED
 
+# A page in two steps: Citus runs ``ORDER BY … LIMIT n`` over every shard by asking each for n rows, so a
+# page of 1,000 moved 32,000 whole events to the coordinator. First the page's last position, from each
+# shard's first n positions alone (an index-only read); then the events up to it, which are the page.
+_PAGE_END = _FEED.replace(_FEED[: _FEED.index("FROM ct_events")], "SELECT txid::text, pos ").replace(
+    "ORDER BY txid, pos LIMIT $3", "ORDER BY txid, pos LIMIT 1 OFFSET $3 - 1"
+)
+_FEED_TO = _FEED.replace("ORDER BY txid", "AND (txid, pos) <= ($7::text::xid8, $8) ORDER BY txid")
+assert _PAGE_END.count("OFFSET") == 1 and _FEED_TO.count("<= ($7") == 1
+
 # A two-phase commit (an import over several shards, or any other statement that writes several) ends
 # its coordinator transaction before its workers' rows become visible. Citus sends COMMIT PREPARED from
 # its XACT_EVENT_COMMIT callback (src/backend/distributed/transaction/transaction_management.c,
@@ -540,8 +560,16 @@ class CitusEventStore(PostgresEventStore):
         return [e for e in results if e is not None]
 
     async def _feed_rows(self, conn: Any, args: tuple[Any, ...]) -> list[Any]:
-        """The feed up to the coordinator's horizon, read before the shards are (see the module)."""
+        """The feed up to the coordinator's horizon, read before the shards are (see the module); a full
+        page of every session in two steps (``_PAGE_END``). Both read below one horizon, so they see the
+        same rows, but for an erasure in between: a page it emptied is read again in one step."""
         horizon = await conn.fetchval(_HORIZON)
+        session = args[3]
+        end = None if session is not None else await conn.fetchrow(_PAGE_END, *args, horizon)  # (one shard)
+        if end is not None:
+            rows = list(await conn.fetch(_FEED_TO, *args, horizon, end[0], end[1]))
+            if rows:
+                return rows
         return list(await conn.fetch(_FEED, *args, horizon))
 
     async def head(self) -> FeedPosition:

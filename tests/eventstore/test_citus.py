@@ -512,3 +512,82 @@ async def test_store_connections_skip_citus_shard_hiding(pg_url: str) -> None:
             assert conn is not None
             assert "relation_is_a_known_shard" not in "\n".join(r[0] for r in await conn.fetch(plan))
 
+
+@pytest.mark.citus
+async def test_a_feed_page_over_every_shard_is_read_in_two_steps_in_log_order(pg_url: str) -> None:
+    # Citus asks every shard for a whole page: the page's end is found from positions alone first,
+    # then only the page's events are read. Pages of 7 over 40 sessions match the log's own order.
+    from calltape.eventstore import citus
+
+    sessions = [f"page-{uuid.uuid4().hex[:10]}" for _ in range(40)]
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        start = await store.head()
+        for round_ in range(3):
+            await store.append([text(s, f"r{round_}") if round_ else started(s) for s in sessions])
+        await settle(store)
+        steps: list[str] = []
+        real = store._feed_rows
+
+        async def counted(conn: Any, args: tuple[Any, ...]) -> list[Any]:
+            class Spy:
+                async def fetchval(self, query: str, *a: Any) -> Any:
+                    return await conn.fetchval(query, *a)
+
+                async def fetchrow(self, query: str, *a: Any) -> Any:
+                    steps.append("end" if query == citus._PAGE_END else "?")
+                    return await conn.fetchrow(query, *a)
+
+                async def fetch(self, query: str, *a: Any) -> Any:
+                    steps.append("to" if query == citus._FEED_TO else "one" if query == citus._FEED else "?")
+                    return await conn.fetch(query, *a)
+
+            return await real(Spy(), args)
+
+        store._feed_rows = counted  # type: ignore[method-assign]
+        paged: list[tuple[str, int]] = []
+        position = start
+        while rows := await store.feed(position, limit=7):
+            paged += [(e.session, e.seq) for _, e in rows if e.session in sessions]
+            position = rows[-1][0]
+        conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+        try:
+            logged = await conn.fetch(
+                "SELECT session, seq FROM ct_events WHERE session = ANY($1::text[]) ORDER BY txid, pos", sessions
+            )
+        finally:
+            await conn.close()
+        assert paged == [(r[0], r[1]) for r in logged] and len(paged) == 120
+        assert steps.count("end") >= 120 // 7 and steps.count("to") >= 120 // 7 and "?" not in steps
+
+
+@pytest.mark.citus
+async def test_a_feed_page_emptied_between_its_two_steps_is_read_again_in_one(pg_url: str) -> None:
+    # An erasure between the page's end and its events leaves nothing up to that end: the page is read
+    # again in one step rather than returned empty (an empty page means "nothing more" to a follower).
+    from calltape.eventstore import citus
+
+    session = f"gone-{uuid.uuid4().hex[:10]}"
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        start = await store.head()
+        await store.append([started(session), text(session, "a"), text(session, "b")])
+        await settle(store)
+        real = store._feed_rows
+
+        async def erased_between(conn: Any, args: tuple[Any, ...]) -> list[Any]:
+            class Between:
+                async def fetchval(self, query: str, *a: Any) -> Any:
+                    return await conn.fetchval(query, *a)
+
+                async def fetchrow(self, query: str, *a: Any) -> Any:
+                    return await conn.fetchrow(query, *a)
+
+                async def fetch(self, query: str, *a: Any) -> Any:
+                    return [] if query == citus._FEED_TO else await conn.fetch(query, *a)
+
+            return await real(Between(), args)
+
+        store._feed_rows = erased_between  # type: ignore[method-assign]
+        rows = await store.feed(start, limit=2)
+        assert len(rows) == 2
