@@ -315,6 +315,13 @@ WHERE s.session = v.session AND s.last_seq = v.old_last_seq AND s.session = ANY(
 """
 """The known-rows append's summaries, written only over rows that are still what the writer knew."""
 
+_KNOWN_SUMMARY = f"""
+UPDATE ct_sessions SET {", ".join(f"{c.name} = ${i + 1}" for i, c in enumerate(SESSION_COLUMNS) if i)}
+WHERE session = $1 AND last_seq = ${len(SESSION_COLUMNS) + 1}
+"""
+"""The same for one session, as plain parameters: Citus plans ``session = $1`` on one table by its fast
+path, a third cheaper than the join with ``unnest`` (one-session appends are the common case)."""
+
 
 _NOTIFY = f"""
 SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c
@@ -432,9 +439,15 @@ class CitusWriter(PgWriter):
         modifying CTEs through the coordinator, part by part.)"""
         rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
         for part in _by_shard(rows, lambda r: r.session):
-            summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
-            summaries.append([known[r.session].last_seq for r in part])
-            if postgres._rowcount(await self.conn.execute(_KNOWN_SUMMARIES, *summaries)) != len(part):
+            if len(part) == 1:
+                (row,) = part
+                summary = [getattr(row, c.name) for c in SESSION_COLUMNS]
+                status = await self.conn.execute(_KNOWN_SUMMARY, *summary, known[row.session].last_seq)
+            else:
+                summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
+                summaries.append([known[r.session].last_seq for r in part])
+                status = await self.conn.execute(_KNOWN_SUMMARIES, *summaries)
+            if postgres._rowcount(status) != len(part):
                 raise postgres._RowsMoved
         if plan.inserts:
             await self.insert(plan.inserts, plan.rows)
