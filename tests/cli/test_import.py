@@ -3,14 +3,19 @@ progress only on a terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from calltape.cli.reading import CHILD_READER_BYTES
-from tests.cli.conftest import Cli, assert_error, barge_in_call, jsonl
+from tests.cli.conftest import Cli, Result, assert_error, barge_in_call, jsonl
 
 N = 23  # events in barge_in_call
 
@@ -148,3 +153,35 @@ def test_export_many_sessions(cli: Cli, tmp_path: Path, session_id: str) -> None
     assert_error(to_many, "--to needs exactly one session")
     assert_error(missing, "there is no session 'nosuch'")
     assert missing.out == ""
+
+
+def _child_of(pid: int, timeout: float = 60) -> int:
+    """The first child process of ``pid`` (Linux), waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} started no child within {timeout} s")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the reader process through /proc")
+def test_an_import_whose_reader_process_dies_says_so_and_writes_nothing(
+    cli: Cli, tmp_path: Path, session_id: str
+) -> None:
+    # The second process reading a large file is killed as soon as it starts (it would take a second or
+    # more to read this file): the import ends in one sentence, and nothing is written.
+    events = _many_sessions(session_id, 3300)
+    body = jsonl(events)
+    assert len(body) >= 3 * CHILD_READER_BYTES
+    path = tmp_path / "large.jsonl"
+    path.write_bytes(body)
+    proc = cli.popen("import", str(path))
+    os.kill(_child_of(proc.pid), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert_error(
+        Result(("import",), proc.returncode, out.decode(), err.decode()), "reader process stopped unexpectedly"
+    )
+    assert _listed(cli, session_id) == set()
