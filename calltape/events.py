@@ -554,6 +554,7 @@ def _plain_data(fields: dict[str, tuple[tuple[type, ...], bool]], data: dict[str
             out[name] = value
     return out
 
+
 EventType = Literal[
     "session.started",
     "session.ended",

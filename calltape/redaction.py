@@ -90,7 +90,7 @@ def _runs(text: str) -> list[_Run]:
     start = end = -1
     repeat = 1
     for m in _TOKEN.finditer(text):
-        gap = text[end:m.start()] if end >= 0 else ""
+        gap = text[end : m.start()] if end >= 0 else ""
         if end >= 0 and _SEPARATOR.fullmatch(gap) is None:
             if digits:
                 runs.append(_Run("".join(digits), tuple(spans), start, end, text[max(0, start - 1) : start] in "+("))

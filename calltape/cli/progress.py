@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -26,7 +28,7 @@ from calltape.cli.common import err
 class Meter:
     """What a command reports as it goes; a no-op when progress is not shown."""
 
-    def __init__(self, progress: Progress | None = None, task: int | None = None) -> None:
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
         self._progress = progress
         self._task = task
 
@@ -47,9 +49,13 @@ class Meter:
         replaces the trailing text."""
         if self._progress is None or self._task is None:
             return
-        fields = {"note": note} if note is not None else {}
+        fields: dict[str, Any] = {"note": note} if note is not None else {}  # (rich takes extra fields)
         self._progress.update(
-            self._task, completed=completed, advance=advance, total=total, **fields  # type: ignore[arg-type]
+            self._task,
+            completed=completed,
+            advance=advance,
+            total=total,
+            **fields,
         )
 
 

@@ -68,5 +68,3 @@ class ToolOutcome:
     """completed, error, timeout, cancelled or unknown."""
     ran: bool
     """False when calltape answered from the log (exactly-once) or refused to start the call."""
-
-

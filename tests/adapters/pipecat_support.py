@@ -55,7 +55,6 @@ from calltape.testing.pipecat import ScriptedTTS as _ShippedTTS
 SAMPLE_RATE = 16000
 
 
-
 LIVE_BOTS: list[VoiceBot] = []
 """Pipelines started by the current test (a fixture stops what a failing test left running)."""
 

@@ -258,7 +258,8 @@ async def test_injected_greeting_instructions_and_typed_input(store: EventStore,
             self.session.say("Welcome to Luigi's.")  # a scripted line, no LLM
             self.session.generate_reply(instructions="Ask for the caller's name.")  # an app's nudge
             asyncio.get_running_loop().call_later(
-                3.4, lambda: self.session.generate_reply(user_input="Table for two.")  # typed, not spoken
+                3.4,
+                lambda: self.session.generate_reply(user_input="Table for two."),  # typed, not spoken
             )
 
     script = [Utterance(1.8, 2.2, "Mario.")]

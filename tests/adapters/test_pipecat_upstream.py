@@ -164,9 +164,7 @@ async def test_messages_transform_that_adds(recorder: Recorder, session_id: str)
     assert turns(call.context("openai")) == turns(context.get_messages())
 
 
-async def test_messages_transform_that_rewrites_history(
-    recorder: Recorder, session_id: str, store: EventStore
-) -> None:
+async def test_messages_transform_that_rewrites_history(recorder: Recorder, session_id: str, store: EventStore) -> None:
     # Upstream's "keep only user messages": history is rewritten. calltape's log is append-only, so it
     # keeps the history and says the app rewrote it (documented difference).
     context = LLMContext()

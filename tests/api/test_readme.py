@@ -78,9 +78,7 @@ async def _fresh_database(admin_url: str) -> str:
     return url
 
 
-@pytest.mark.parametrize(
-    ("line", "heading", "code"), ON_POSTGRES, ids=[f"line{line}" for line, _, _ in ON_POSTGRES]
-)
+@pytest.mark.parametrize(("line", "heading", "code"), ON_POSTGRES, ids=[f"line{line}" for line, _, _ in ON_POSTGRES])
 def test_blocks_that_take_a_database_url_run_on_postgres(
     line: int, heading: str, code: str, tmp_path: Path, pg_admin_url: str
 ) -> None:

@@ -149,8 +149,12 @@ async def test_limits_are_storable_on_both_backends(store, session_id) -> None:
     events = [
         make_event(sid, "session.started", {"agent": "a" * MAX_ID_CHARS}, epoch=MAX_EPOCH - 1, at_ms=MIN_AT_MS),
         make_event(
-            sid, "x.edge", {"deep": nested(MAX_DEPTH - 1), "n": 2**63 - 1, "m": -(2**63)}, id="i" * MAX_ID_CHARS,
-            at_ms=MAX_AT_MS, epoch=MAX_EPOCH,
+            sid,
+            "x.edge",
+            {"deep": nested(MAX_DEPTH - 1), "n": 2**63 - 1, "m": -(2**63)},
+            id="i" * MAX_ID_CHARS,
+            at_ms=MAX_AT_MS,
+            epoch=MAX_EPOCH,
         ),
     ]
     # Nesting is counted from `data` itself: {"deep": nested(MAX_DEPTH - 1)} is MAX_DEPTH levels.

@@ -78,7 +78,7 @@ def test_a_body_that_never_arrives_gets_408(receiver) -> None:
     s = _connect(base)
     s.sendall(
         b"POST /vapi HTTP/1.1\r\nHost: x\r\nX-Vapi-Secret: " + VAPI_SECRET.encode() + b"\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mess"
+        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mess'
     )
     s.settimeout(5)
     reply = s.recv(4096)
@@ -92,7 +92,7 @@ def test_aborted_uploads_log_no_traceback(receiver) -> None:
         s = _connect(base)
         s.sendall(
             b"POST /vapi HTTP/1.1\r\nHost: x\r\nX-Vapi-Secret: " + VAPI_SECRET.encode() + b"\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"message\": "
+            b'Content-Length: 1000\r\n\r\n{"message": '
         )
         s.close()
     time.sleep(0.5)

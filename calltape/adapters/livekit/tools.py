@@ -118,7 +118,5 @@ def unguarded_tools(tools: Sequence[Any], specs: Mapping[str, ToolSpec]) -> list
     (registered with LiveKit's plain ``@function_tool``): calltape would not protect them."""
     found = llm.ToolContext(list(tools)).function_tools.values()
     return sorted(
-        tool.info.name
-        for tool in found
-        if tool.info.name in specs and not getattr(tool, "__calltape_guarded__", False)
+        tool.info.name for tool in found if tool.info.name in specs and not getattr(tool, "__calltape_guarded__", False)
     )
