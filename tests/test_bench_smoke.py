@@ -34,20 +34,25 @@ HEADLINE_KEYS = {
 }
 
 
-def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path: Path) -> None:
-    pytest.importorskip("eventsourcing", reason="the bench extra is not installed (pip install -e '.[bench]')")
-    out = tmp_path / "bench.json"
-    env = {**os.environ, "COLUMNS": "150"}
+def _bench(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -m module args`` from the checkout's root; fails the test on a non-zero exit."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--db", pg_admin_url, "--json", str(out)],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "COLUMNS": "150"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path: Path) -> None:
+    pytest.importorskip("eventsourcing", reason="the bench extra is not installed (pip install -e '.[bench]')")
+    out = tmp_path / "bench.json"
+    _bench("bench", "--quick", "--db", pg_admin_url, "--json", str(out), timeout=600)
     figures = json.loads(out.read_text())
     missing = HEADLINE_KEYS - figures.keys()
     assert not missing, f"missing keys: {sorted(missing)}"
@@ -64,15 +69,7 @@ def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path
 def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: str) -> None:
     # the baseline is this very revision (HEAD): the harness is what is checked, not a figure
     small = ["--sessions", "2", "--events", "100", "--db", pg_admin_url]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.importing", *small, "--baseline", "HEAD", "--repeat", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = _bench("bench.importing", *small, "--baseline", "HEAD", "--repeat", "1", timeout=300)
     figures = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert figures["events"] == 200
     for backend in ("sqlite", "postgres"):

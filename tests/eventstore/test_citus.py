@@ -20,7 +20,7 @@ import pytest
 from eventstore_support import asyncpg_dsn, settle, started, text
 
 from calltape.errors import CalltapeError, TenantRefused
-from calltape.eventstore import open_store, upgrade
+from calltape.eventstore import citus, open_store, upgrade
 from calltape.eventstore.bulk import bulk_import
 from calltape.eventstore.citus import DISTRIBUTED, CitusEventStore, is_duplicate, settle_two_phase, tenant_scope
 from calltape.eventstore.postgres import PostgresEventStore
@@ -513,12 +513,32 @@ async def test_store_connections_skip_citus_shard_hiding(pg_url: str) -> None:
             assert "relation_is_a_known_shard" not in "\n".join(r[0] for r in await conn.fetch(plan))
 
 
+class _Watched:
+    """A connection whose queries the test sees first: ``seen`` gets each one, and what ``answer`` gives
+    (other than None) is returned instead of running it."""
+
+    def __init__(self, conn: Any, seen: Callable[[str], None], answer: Callable[[str], Any] = lambda q: None) -> None:
+        self.conn, self.seen, self.answer = conn, seen, answer
+
+    async def _run(self, method: str, query: str, *args: Any) -> Any:
+        self.seen(query)
+        answer = self.answer(query)
+        return answer if answer is not None else await getattr(self.conn, method)(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._run("fetchval", query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        return await self._run("fetchrow", query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        return await self._run("fetch", query, *args)
+
+
 @pytest.mark.citus
 async def test_a_feed_page_over_every_shard_is_read_in_two_steps_in_log_order(pg_url: str) -> None:
     # Citus asks every shard for a whole page: the page's end is found from positions alone first,
     # then only the page's events are read. Pages of 7 over 40 sessions match the log's own order.
-    from calltape.eventstore import citus
-
     sessions = [f"page-{uuid.uuid4().hex[:10]}" for _ in range(40)]
     async with await open_store(pg_url) as store:
         assert isinstance(store, CitusEventStore)
@@ -526,25 +546,14 @@ async def test_a_feed_page_over_every_shard_is_read_in_two_steps_in_log_order(pg
         for round_ in range(3):
             await store.append([text(s, f"r{round_}") if round_ else started(s) for s in sessions])
         await settle(store)
+        names = {citus._HORIZON: "horizon", citus._PAGE_END: "end", citus._FEED_TO: "to", citus._FEED: "one"}
         steps: list[str] = []
         real = store._feed_rows
 
-        async def counted(conn: Any, args: tuple[Any, ...]) -> list[Any]:
-            class Spy:
-                async def fetchval(self, query: str, *a: Any) -> Any:
-                    return await conn.fetchval(query, *a)
+        async def watched(conn: Any, args: tuple[Any, ...]) -> list[Any]:
+            return await real(_Watched(conn, lambda q: steps.append(names.get(q, "?"))), args)
 
-                async def fetchrow(self, query: str, *a: Any) -> Any:
-                    steps.append("end" if query == citus._PAGE_END else "?")
-                    return await conn.fetchrow(query, *a)
-
-                async def fetch(self, query: str, *a: Any) -> Any:
-                    steps.append("to" if query == citus._FEED_TO else "one" if query == citus._FEED else "?")
-                    return await conn.fetch(query, *a)
-
-            return await real(Spy(), args)
-
-        store._feed_rows = counted  # type: ignore[method-assign]
+        store._feed_rows = watched  # type: ignore[method-assign]
         paged: list[tuple[str, int]] = []
         position = start
         while rows := await store.feed(position, limit=7):
@@ -565,8 +574,6 @@ async def test_a_feed_page_over_every_shard_is_read_in_two_steps_in_log_order(pg
 async def test_a_feed_page_emptied_between_its_two_steps_is_read_again_in_one(pg_url: str) -> None:
     # An erasure between the page's end and its events leaves nothing up to that end: the page is read
     # again in one step rather than returned empty (an empty page means "nothing more" to a follower).
-    from calltape.eventstore import citus
-
     session = f"gone-{uuid.uuid4().hex[:10]}"
     async with await open_store(pg_url) as store:
         assert isinstance(store, CitusEventStore)
@@ -576,17 +583,7 @@ async def test_a_feed_page_emptied_between_its_two_steps_is_read_again_in_one(pg
         real = store._feed_rows
 
         async def erased_between(conn: Any, args: tuple[Any, ...]) -> list[Any]:
-            class Between:
-                async def fetchval(self, query: str, *a: Any) -> Any:
-                    return await conn.fetchval(query, *a)
-
-                async def fetchrow(self, query: str, *a: Any) -> Any:
-                    return await conn.fetchrow(query, *a)
-
-                async def fetch(self, query: str, *a: Any) -> Any:
-                    return [] if query == citus._FEED_TO else await conn.fetch(query, *a)
-
-            return await real(Between(), args)
+            return await real(_Watched(conn, lambda q: None, lambda q: [] if q == citus._FEED_TO else None), args)
 
         store._feed_rows = erased_between  # type: ignore[method-assign]
         rows = await store.feed(start, limit=2)
