@@ -30,10 +30,18 @@ def virtual_clock(loop: asyncio.AbstractEventLoop | None = None) -> bool:
 
 
 async def settle(aw: Awaitable[T]) -> T:
-    """``await aw``; on a virtual-clock loop, yields to the loop until it is done so the loop is
-    never idle (and its clock never jumps) while the work happens off the loop."""
-    if not virtual_clock():
+    """``await aw``; on a virtual-clock loop, without letting its clock jump while the work happens off
+    the loop. A loop that can hold its clock (``hold_clock()``, as calltape's own
+    :class:`~calltape.testing.virtualtime.JumpingClockLoop` can) waits for the work for real meanwhile;
+    any other is kept busy, yielding until the work is done (which spins: the thread doing the work then
+    waits for the interpreter lock behind this one)."""
+    loop = asyncio.get_running_loop()
+    if not virtual_clock(loop):
         return await aw
+    hold = getattr(loop, "hold_clock", None)
+    if hold is not None:
+        with hold():
+            return await aw
     future = asyncio.ensure_future(aw)
     try:
         # yielding is the point: waiting on an Event would leave the loop idle
