@@ -428,6 +428,10 @@ class CitusWriter(PgWriter):
         """The summaries, shard by shard; then the wake-up, on the coordinator."""
         for part in _by_shard(rows, lambda r: r.session):
             await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in part] for c in SESSION_COLUMNS))
+        await self._wake(rows)
+
+    async def _wake(self, rows: Iterable[SessionInfo]) -> None:
+        """The wake-up of the sessions' subscribers, on the coordinator, delivered at commit."""
         await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
@@ -451,7 +455,7 @@ class CitusWriter(PgWriter):
                 raise postgres._RowsMoved
         if plan.inserts:
             await self.insert(plan.inserts, plan.rows)
-        await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
+        await self._wake(rows)
 
 
 # -- the feed's horizon -----------------------------------------------------------------------

@@ -22,14 +22,11 @@ def test_work_off_the_loop_holds_the_clock_and_the_loop_waits_without_spinning()
 
     _JumpingSelector.select = counted  # type: ignore[method-assign]
     fired: list[float] = []
-    took_gil: list[float] = []
 
     def database_work() -> str:
         # a thread that needs the interpreter lock again and again, as aiosqlite's does
-        t0 = time.perf_counter()
         for _ in range(200):
             time.sleep(0.0005)
-        took_gil.append(time.perf_counter() - t0)
         return "committed"
 
     async def scenario() -> tuple[str, float]:
@@ -49,4 +46,3 @@ def test_work_off_the_loop_holds_the_clock_and_the_loop_waits_without_spinning()
     # about 0.1 s of work: the loop looked a few times per wakeup, not millions of times (spinning
     # starved the working thread of the interpreter lock: an exploration took 55 s instead of 1)
     assert selects < 1000, selects
-    assert took_gil[0] < 2.0, took_gil
