@@ -59,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -74,7 +74,7 @@ from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.queries import dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import FeedPosition
-from calltape.eventstore.tenancy import CHANNEL, SETTING, refuse_foreign
+from calltape.eventstore.tenancy import CHANNEL, SETTING, channel, refuse_foreign
 from calltape.eventstore.writer import Key
 
 DISTRIBUTION_COLUMN = "session"
@@ -278,8 +278,6 @@ INSERT INTO ct_events ({columns}) VALUES {values}
 ON CONFLICT (session, id) DO NOTHING
 """
 
-_EVENT_TYPES = ("text", "integer", "text", "text", "bigint", "text", "integer", "text::jsonb", "text")
-"""``ct_events``' written columns (:data:`~calltape.eventstore.schema.ROW_COLUMNS`), as parameter casts."""
 
 _ROWS_PER_INSERT = 2000
 """Events per ``INSERT … VALUES`` (PostgreSQL takes at most 32,767 parameters a statement)."""
@@ -291,14 +289,30 @@ def _lock_sessions(count: int) -> str:
     return _LOCK_SESSIONS.format(values=values, returning=postgres._names(SESSION_COLUMNS))
 
 
+def _values(count: int, first: int = 1) -> str:
+    # No casts: the parameters take their columns' types, and the coordinator, which evaluates and
+    # deparses every row for its worker, spent a third less on a row without them (300-row statements).
+    width = len(ROW_COLUMNS)
+    return ", ".join("(" + ", ".join(f"${first + row * width + i}" for i in range(width)) + ")" for row in range(count))
+
+
 @functools.lru_cache(maxsize=256)
 def _insert_events(count: int) -> str:
-    width = len(_EVENT_TYPES)
-    values = ", ".join(
-        "(" + ", ".join(f"${row * width + i + 1}::{t}" for i, t in enumerate(_EVENT_TYPES)) + ")"
-        for row in range(count)
-    )
-    return _INSERT_EVENTS.format(columns=postgres._names(ROW_COLUMNS), values=values)
+    return _INSERT_EVENTS.format(columns=postgres._names(ROW_COLUMNS), values=_values(count))
+
+
+@functools.lru_cache(maxsize=512)
+def _known_write(count: int, one_session: bool) -> str:
+    """One shard's part of the known-rows append in one statement: its ``count`` events inserted (a CTE,
+    which Citus runs first, as a task of its own on the same worker connection; a stored id raises) and
+    its sessions' summaries written where they are still what the writer knew (the statement's row
+    count says how many were)."""
+    summaries = _KNOWN_SUMMARY if one_session else _KNOWN_SUMMARIES
+    if not count:
+        return summaries
+    first = len(SESSION_COLUMNS) + 2
+    insert = f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
+    return f"WITH e AS ({insert}){summaries}"
 
 
 _UPDATE_SESSIONS = f"""
@@ -328,6 +342,31 @@ SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c
 UNION SELECT '{CHANNEL}_' || md5(coalesce(t, '')) FROM unnest($1::text[]) AS t) AS channels
 """
 
+
+def wake_statement(tenants: Iterable[str | None]) -> str:
+    """What ``_NOTIFY`` does for rows of ``tenants``, as a statement without parameters (the channels are
+    hashes, nothing to quote), so that it can share a message with BEGIN."""
+    channels = [CHANNEL, *sorted({channel(t or "") for t in tenants})]
+    return "SELECT " + ", ".join(f"pg_notify('{c}', '')" for c in channels)
+
+
+@contextlib.asynccontextmanager
+async def _begun(conn: asyncpg.Connection, statements: str) -> AsyncIterator[None]:
+    """A transaction begun in the same message as ``statements`` (the simple query protocol runs them
+    together: one round trip). A connection whose rollback fails is closed, never handed back with its
+    transaction open."""
+    try:
+        await conn.execute(f"BEGIN; {statements}" if statements else "BEGIN")
+        yield
+    except BaseException:
+        try:
+            await conn.execute("ROLLBACK")
+        except BaseException:
+            conn.terminate()
+        raise
+    await conn.execute("COMMIT")
+
+
 # The stored-id lookups name their sessions as constants too: joined to ``unnest`` alone, Citus cannot
 # prune and reads every shard; with the sessions, one session's lookup is routed to its shard.
 _ROUTED = " WHERE ct_events.session = ANY($3::text[])"
@@ -354,6 +393,25 @@ def is_duplicate(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.InternalServerError) and _DUPLICATE in str(exc)
 
 
+def _row_args(events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> list[Any]:
+    """The parameters of ``events``' rows in a VALUES list (:data:`ROW_COLUMNS`, row after row)."""
+    return [
+        value
+        for e in events
+        for value in (
+            e.session,
+            e.seq,
+            e.id,
+            e.type,
+            e.at_ms,
+            e.agent,
+            e.epoch,
+            dumps_data(e.data),
+            rows[e.session].tenant,
+        )
+    ]
+
+
 def _key_arrays(keys: Sequence[Key]) -> tuple[list[str], list[str], list[str]]:
     """The lookup's parameters: the keys' sessions and ids, then each session once (for routing)."""
     return [k[0] for k in keys], [k[1] for k in keys], sorted({k[0] for k in keys})
@@ -362,6 +420,9 @@ def _key_arrays(keys: Sequence[Key]) -> tuple[list[str], list[str], list[str]]:
 class CitusWriter(PgWriter):
     """The append's steps on Citus: one statement per shard (see the module), summaries routed to their
     shard, duplicates read as duplicates."""
+
+    woken: frozenset[str | None] = frozenset()
+    """The tenants whose followers the transaction's opening woke already."""
 
     async def lock_sessions(self, sessions: Sequence[str]) -> dict[str, SessionInfo]:
         """Creates and locks the session rows, as on PostgreSQL, one routed statement per shard."""
@@ -392,24 +453,12 @@ class CitusWriter(PgWriter):
         written = 0
         for part in _by_shard(events, lambda e: e.session):
             for start in range(0, len(part), _ROWS_PER_INSERT):
-                chunk = part[start : start + _ROWS_PER_INSERT]
-                args = [
-                    value
-                    for e in chunk
-                    for value in (
-                        e.session,
-                        e.seq,
-                        e.id,
-                        e.type,
-                        e.at_ms,
-                        e.agent,
-                        e.epoch,
-                        dumps_data(e.data),
-                        rows[e.session].tenant,
-                    )
-                ]
-                written += postgres._rowcount(await self.conn.execute(_insert_events(len(chunk)), *args))
+                written += await self._insert_chunk(part[start : start + _ROWS_PER_INSERT], rows)
         return written
+
+    async def _insert_chunk(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> int:
+        """One ``INSERT … VALUES`` of events of one shard, skipping ids already stored; how many it wrote."""
+        return postgres._rowcount(await self.conn.execute(_insert_events(len(events)), *_row_args(events, rows)))
 
     async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
         """INSERT, never COPY: Citus commits every COPY by two-phase commit, even on one shard. A stored
@@ -431,30 +480,46 @@ class CitusWriter(PgWriter):
         await self._wake(rows)
 
     async def _wake(self, rows: Iterable[SessionInfo]) -> None:
-        """The wake-up of the sessions' subscribers, on the coordinator, delivered at commit."""
-        await self.conn.execute(_NOTIFY, sorted({r.tenant or "" for r in rows}))
+        """The wake-up of the sessions' subscribers, on the coordinator, delivered at commit; none for
+        the tenants the transaction's opening woke already (:meth:`CitusEventStore.appending`)."""
+        rest = sorted({r.tenant or "" for r in rows if r.tenant not in self.woken})
+        if rest:
+            await self.conn.execute(_NOTIFY, rest)
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
-        """Writes a plan made against ``known`` session rows without locking them first: per shard, the
-        summaries only where each row is still what ``known`` says (its ``last_seq``); then the events and
-        the wake-up, all in the store's transaction (:meth:`CitusEventStore.writing_known`). A row that
-        moved raises ``_RowsMoved``: the transaction rolls back and the store decides the append again
-        under the locks. (The single-node statement does it all at once, but Citus runs a statement with
-        modifying CTEs through the coordinator, part by part.)"""
+        """Writes a plan made against ``known`` session rows without locking them first, one statement
+        per shard (:func:`_known_write`): the shard's events, and its summaries only where each row is
+        still what ``known`` says (its ``last_seq``); then the wake-up, all in the store's transaction
+        (:meth:`CitusEventStore.appending`). A row that moved raises ``_RowsMoved`` and a stored id
+        ``_StoredDuplicate`` (or the unique violation): the transaction rolls back and the store decides
+        the append again under the locks. (The single-node statement does it all at once for every
+        session, but Citus commits a statement that writes several shards by two-phase commit.)"""
         rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
+        events: dict[str, list[Event]] = {}
+        for event in plan.inserts:
+            events.setdefault(event.session, []).append(event)
         for part in _by_shard(rows, lambda r: r.session):
+            inserts = [e for r in part for e in events.get(r.session, ())]
+            while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)
+                chunk, inserts = inserts[:_ROWS_PER_INSERT], inserts[_ROWS_PER_INSERT:]
+                if await self._insert_chunk(chunk, plan.rows) != len(chunk):
+                    raise postgres._StoredDuplicate
             if len(part) == 1:
-                (row,) = part
-                summary = [getattr(row, c.name) for c in SESSION_COLUMNS]
-                status = await self.conn.execute(_KNOWN_SUMMARY, *summary, known[row.session].last_seq)
+                summary: list[Any] = [getattr(part[0], c.name) for c in SESSION_COLUMNS]
+                summary.append(known[part[0].session].last_seq)
             else:
-                summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
-                summaries.append([known[r.session].last_seq for r in part])
-                status = await self.conn.execute(_KNOWN_SUMMARIES, *summaries)
+                summary = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
+                summary.append([known[r.session].last_seq for r in part])
+            try:
+                status = await self.conn.execute(
+                    _known_write(len(inserts), len(part) == 1), *summary, *_row_args(inserts, plan.rows)
+                )
+            except asyncpg.InternalServerError as exc:
+                if is_duplicate(exc):
+                    raise postgres._StoredDuplicate from exc
+                raise
             if postgres._rowcount(status) != len(part):
                 raise postgres._RowsMoved
-        if plan.inserts:
-            await self.insert(plan.inserts, plan.rows)
         await self._wake(rows)
 
 
@@ -532,10 +597,16 @@ class CitusEventStore(PostgresEventStore):
             return None  # no tenant is what a worker reads anyway; a bypassing role is not held
         return tenant_scope(self.tenant)
 
-    def writing_known(self, conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[None]:
-        """The known-rows append is several statements here (:meth:`CitusWriter.append_known`): one
-        transaction, with the tenant handed on."""
-        return self.transaction(conn)
+    def appending(
+        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Collection[str | None], *, known: bool
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Every append is several statements here: one transaction, begun by one message that also
+        hands the tenant on and wakes the followers of ``tenants``' rows (delivered at the commit, as
+        ever), where BEGIN, the ``SET LOCAL`` and the wake-up were a round trip each. The writer wakes
+        only the tenants left over (an operator's store may write any tenant's sessions)."""
+        assert isinstance(writer, CitusWriter)
+        writer.woken = frozenset(tenants)
+        return _begun(conn, "; ".join(s for s in (self.tenant_scope(), wake_statement(tenants)) if s))
 
     async def placements(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Each session's shard and worker group (asked of the coordinator's metadata, never cached, so a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -315,10 +315,14 @@ class PostgresEventStore(SqlEventStore):
         async with self.transaction(conn):
             yield
 
-    def writing_known(self, conn: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[None]:
-        """Where :meth:`PgWriter.append_known` runs: on a single node its one statement is a transaction
-        of its own; Citus writes it in several (see :mod:`.citus`), in a :meth:`transaction`."""
-        return contextlib.nullcontext()
+    def appending(
+        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Collection[str | None], *, known: bool
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """The transaction an append writes in, for rows of ``tenants`` (the store's guess for an append
+        under the locks: the writer wakes any other tenant's followers itself). On a single node the
+        known-rows append (``known``) is one statement, a transaction of its own, and every append's
+        statements wake the followers; Citus writes in several statements (see :mod:`.citus`)."""
+        return contextlib.nullcontext() if known else self.transaction(conn)
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
@@ -343,7 +347,7 @@ class PostgresEventStore(SqlEventStore):
                 # and write in one statement that checks them (no lock, no lookup round trip).
                 try:
                     plan = plan_append(events, known, {}, expected_seq)
-                    async with self.writing_known(conn):
+                    async with self.appending(conn, writer, {r.tenant for r in known.values()}, known=True):
                         await writer.append_known(plan, known)
                     self._remember({**known, **plan.rows})
                     return plan.results
@@ -355,7 +359,7 @@ class PostgresEventStore(SqlEventStore):
             attempt, deadlocks = first, 0
             while True:
                 try:
-                    async with self.transaction(conn):
+                    async with self.appending(conn, writer, {self.tenant}, known=False):
                         rows = await writer.lock_sessions(sessions)
                         stored = await writer.lookup(events, rows) if attempt else {}
                         plan = plan_append(events, rows, stored, expected_seq)

@@ -24,7 +24,7 @@ from calltape.eventstore import citus, open_store, upgrade
 from calltape.eventstore.bulk import bulk_import
 from calltape.eventstore.citus import DISTRIBUTED, CitusEventStore, is_duplicate, settle_two_phase, tenant_scope
 from calltape.eventstore.postgres import PostgresEventStore
-from calltape.eventstore.tenancy import ALL_TENANTS
+from calltape.eventstore.tenancy import ALL_TENANTS, CHANNEL, NOTIFY_TENANTS, channel
 
 pytestmark = pytest.mark.postgres
 
@@ -588,3 +588,78 @@ async def test_a_feed_page_emptied_between_its_two_steps_is_read_again_in_one(pg
         store._feed_rows = erased_between  # type: ignore[method-assign]
         rows = await store.feed(start, limit=2)
         assert len(rows) == 2
+
+
+@pytest.mark.citus
+async def test_a_writers_one_event_append_is_three_statements(pg_url: str) -> None:
+    # A writer's own session (its row as the writer's last append left it): the transaction's opening
+    # (BEGIN and the wake-up in one message), one statement for the shard (the event and the summary), and
+    # COMMIT. It was five: BEGIN, the summary, the event, the wake-up, COMMIT, each a round trip through
+    # the coordinator.
+    session = f"citus-{uuid.uuid4().hex[:12]}"
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        await store.append([started(session)])
+        await store.append([text(session, "warm")])  # (the shard statement is prepared once)
+        with _statements() as seen:
+            stored = await store.append([text(session, "hello")])
+        assert [e.seq for e in stored] == [3]
+        assert [e.data.get("text") for e in await store.read(session)][1:] == ["warm", "hello"]
+        queries = [" ".join(q.split()) for q, _ in seen]
+        assert len(queries) == 3, queries
+        assert queries[0].startswith("BEGIN; SELECT pg_notify(")
+        assert queries[1].startswith("WITH e AS (INSERT INTO ct_events") and "UPDATE ct_sessions" in queries[1]
+        assert queries[2] == "COMMIT"
+        info = await store.session_info(session)
+        assert info is not None and info.last_seq == 3
+
+
+async def test_the_wake_statement_names_the_channels_the_single_node_statement_wakes(pg_url: str) -> None:
+    # Citus wakes the followers in the transaction's opening message, with channels computed in Python; on
+    # one node NOTIFY_TENANTS computes them in SQL, and a tenant's store LISTENs on channel(tenant).
+    tenants = [None, "acme", "acme", "ünïcode"]
+    named = re.findall(r"pg_notify\('([^']*)', ''\)", citus.wake_statement(tenants))
+    assert len(named) == len(set(named)) == 4
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        woken = NOTIFY_TENANTS.replace("pg_notify(c, '')", "c")
+        in_sql = await conn.fetch(f"WITH v AS (SELECT * FROM unnest($1::text[]) AS v(tenant)) {woken}", tenants)
+    finally:
+        await conn.close()
+    assert set(named) == {r[0] for r in in_sql} == {CHANNEL, channel(""), channel("acme"), channel("ünïcode")}
+
+
+async def test_a_transaction_begun_with_its_statements_never_stays_open(pg_url: str) -> None:
+    # citus._begun replaces asyncpg's transaction for the append: what fails inside rolls back, and a task
+    # cancelled in the middle of a statement leaves the connection closed or out of its transaction,
+    # never handed back with the transaction open.
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    table = f"ct_begun_{uuid.uuid4().hex[:8]}"
+    try:
+        await conn.execute(f"CREATE TABLE {table} (x int)")
+        with pytest.raises(ZeroDivisionError):
+            async with citus._begun(conn, f"INSERT INTO {table} VALUES (1)"):
+                await conn.execute(f"INSERT INTO {table} VALUES (2)")
+                raise ZeroDivisionError
+        assert not conn.is_in_transaction()
+        assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
+        async with citus._begun(conn, f"INSERT INTO {table} VALUES (1)"):
+            await conn.execute(f"INSERT INTO {table} VALUES (2)")
+        assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 2
+
+        async def slow() -> None:
+            async with citus._begun(conn, ""):
+                await conn.execute("SELECT pg_sleep(10)")
+
+        task = asyncio.create_task(slow())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert conn.is_closed() or not conn.is_in_transaction()
+    finally:
+        if conn.is_closed():
+            conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+        await conn.close()
+
