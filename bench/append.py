@@ -423,7 +423,7 @@ def emit_tight(count: int, seed: int) -> list[float]:
     cost of validation + enqueue), us per call."""
 
     class _NullStore:
-        pass
+        write_groups = 1
 
     recorder = Recorder(_NullStore(), max_pending=count + 10)  # type: ignore[arg-type]
     tape = recorder.session(f"tight-{seed}")

@@ -118,6 +118,18 @@ def is_distributed(conn: Connection, table: str = "ct_events") -> bool:
     return has_citus(conn) and bool(conn.execute(text(_IS_DISTRIBUTED), {"t": table}).scalar())
 
 
+_WORKER_GROUPS = f"""
+SELECT count(DISTINCT p.groupid) FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)
+WHERE s.logicalrelid = '{ANCHOR}'::regclass
+"""
+
+
+def worker_groups(conn: Connection) -> int:
+    """How many worker nodes hold calltape's shards: the transactions one append of every session
+    commits side by side (:attr:`~calltape.eventstore.store.EventStore.write_groups`)."""
+    return max(1, int(conn.execute(text(_WORKER_GROUPS)).scalar() or 1))
+
+
 def distribute(conn: Connection, *, required: bool = False) -> list[str]:
     """Distributes the calltape tables by session, co-located with ``ct_sessions``; returns those it
     distributed now (none when they already are: it is idempotent).

@@ -25,6 +25,7 @@ from calltape.eventstore.citus import (
     distribute,
     is_distributed,
     settle_two_phase,
+    worker_groups,
 )
 from calltape.eventstore.errors import translate_errors, where
 from calltape.eventstore.postgres import PostgresEventStore
@@ -239,6 +240,7 @@ async def open_store(
                 current = await conn.run_sync(_current_revision)
                 bypasses = not sqlite and bool((await conn.execute(text(tenancy.BYPASSES))).scalar())
                 citus = not sqlite and await conn.run_sync(is_distributed)
+                groups = await conn.run_sync(worker_groups) if citus else 1
                 if tenant is not None and bypasses:
                     raise CalltapeError(
                         "the PostgreSQL role of this connection bypasses row-level security, so it cannot be "
@@ -272,6 +274,7 @@ async def open_store(
         store = SqliteEventStore(engine, resolved)
     else:
         store = (CitusEventStore if citus else PostgresEventStore)(engine, resolved)
+        store.write_groups = groups
         store.copy_in = bypasses
         store.held_by_rls = not bypasses
     store.tenant = tenant

@@ -2,7 +2,8 @@
 
 ``emit()`` only enqueues (a deque append), so the audio loop never waits on the database. One writer
 task per process group-commits everything queued, across sessions, in batches bounded by size
-(``max_batch``) and time (``max_delay``). A durable append skips the wait and resolves once its batch
+(``max_batch`` events per transaction: on Citus a batch is one transaction per worker node) and time
+(``max_delay``). A durable append skips the wait and resolves once its batch
 has committed. When the database is unreachable the writer keeps the batch, backs off and retries:
 nothing that ``emit()`` accepted is dropped. Memory is bounded by ``max_pending``; past it ``emit()``
 raises :class:`RecorderFull` (the event was *not* accepted) and ``await put()`` waits for room.
@@ -96,6 +97,10 @@ class Recorder:
     ) -> None:
         self.store = store
         self.max_batch = max_batch
+        self._batch_cap = max_batch * max(1, store.write_groups)
+        """Events per batch: ``max_batch`` for each transaction the store splits a batch into (one on a
+        single database; one per worker node on Citus, where a 2,000-event batch of a 2-worker cluster is
+        two transactions of about 1,000, each routed statement by statement through the coordinator)."""
         self.max_delay = max_delay
         self.max_pending = max_pending
         self.retry_initial = retry_initial
@@ -237,7 +242,7 @@ class Recorder:
         self._idle.clear()
         if not self._wake.is_set():
             self._wake.set()
-        if len(queue) >= self.max_batch:
+        if len(queue) >= self._batch_cap:
             self._hurry.set()
 
     async def put(self, event: Event) -> None:
@@ -387,14 +392,14 @@ class Recorder:
             if not self._queue:
                 self._idle.set()
                 continue
-            if not self._hurry.is_set() and len(self._queue) < self.max_batch:
+            if not self._hurry.is_set() and len(self._queue) < self._batch_cap:
                 # Group commit: let the batch fill for up to max_delay, unless someone needs it now
                 # (a durable append, a flush, or a full batch).
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.max_delay):
                         await self._hurry.wait()
             while self._queue:
-                n = min(len(self._queue), self.max_batch)
+                n = min(len(self._queue), self._batch_cap)
                 taken = [self._queue.popleft() for _ in range(n)]
                 batch = [p for p in taken if not p.withdrawn]
                 if not batch:

@@ -103,6 +103,10 @@ class EventStore(ABC):
     sessions without a tenant, unless :attr:`all_tenants`; see :mod:`.tenancy`)."""
     all_tenants: bool = False
     """Opened for every tenant (``tenant="*"``, the operator's): sees and writes every session."""
+    write_groups: int = 1
+    """How many transactions one append of many sessions commits side by side, each over its own share of
+    the events (Citus: one per worker node holding shards). A recorder batch holds ``max_batch`` events
+    for each, so that every transaction carries about what one PostgreSQL's would."""
 
     def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
         """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
