@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 from eventstore_support import asyncpg_dsn, settle, started, text
 
-from calltape.errors import CalltapeError, TenantRefused
+from calltape.errors import CalltapeError, SessionErased, TenantRefused
 from calltape.eventstore import citus, open_store, upgrade
 from calltape.eventstore.bulk import bulk_import
 from calltape.eventstore.citus import DISTRIBUTED, CitusEventStore, is_duplicate, settle_two_phase, tenant_scope
@@ -663,3 +663,45 @@ async def test_a_transaction_begun_with_its_statements_never_stays_open(pg_url: 
         await conn.execute(f"DROP TABLE IF EXISTS {table}")
         await conn.close()
 
+
+_GUARD_KINDS = """
+SELECT result FROM run_command_on_shards('ct_sessions', $$SELECT tgtype FROM pg_trigger
+    WHERE tgrelid = '%s'::regclass AND tgname LIKE 'ct_sessions_not_erased%%'$$)
+"""
+
+
+@pytest.mark.citus
+async def test_the_erasure_guard_runs_once_per_statement_on_every_shard(pg_url: str) -> None:
+    # Per row, the guard's dynamic query cost about 100 us on a worker for every session an append locked
+    # (a BEFORE INSERT trigger fires before ON CONFLICT finds the row). On Citus it is a statement trigger
+    # over the inserted rows; db upgrade replaces the row trigger an older calltape created.
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        await upgrade(pg_url, citus=True)
+        assert {int(r[0]) & 1 for r in await conn.fetch(_GUARD_KINDS)} == {0}  # every shard: per statement
+        await conn.execute(
+            "CREATE OR REPLACE FUNCTION ct_test_row_guard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$"
+        )
+        async with conn.transaction():  # the guard as an older calltape left it: per row
+            await conn.execute("SET LOCAL citus.enable_unsafe_triggers = on")
+            await conn.execute("DROP TRIGGER ct_sessions_not_erased ON ct_sessions")
+            await conn.execute(
+                "CREATE TRIGGER ct_sessions_not_erased BEFORE INSERT ON ct_sessions "
+                "FOR EACH ROW EXECUTE FUNCTION ct_test_row_guard()"
+            )
+        assert {int(r[0]) & 1 for r in await conn.fetch(_GUARD_KINDS)} == {1}
+        await upgrade(pg_url, citus=True)
+        assert {int(r[0]) & 1 for r in await conn.fetch(_GUARD_KINDS)} == {0}
+        await conn.execute("DROP FUNCTION ct_test_row_guard()")
+    finally:
+        await conn.close()
+    session = f"citus-{uuid.uuid4().hex[:12]}"
+    async with await open_store(pg_url) as store:
+        await store.append([started(session)])
+        await store.erase(session)
+        with pytest.raises(SessionErased):
+            await store.append([started(session)])
+        other = f"citus-{uuid.uuid4().hex[:12]}"
+        await store.append([started(other), text(other, "fine")])  # new sessions still start
+        with pytest.raises(SessionErased):  # one erased session among new ones refuses the batch
+            await store.append([started(f"citus-{uuid.uuid4().hex[:12]}"), started(session)], expected_seq=None)
