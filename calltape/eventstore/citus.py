@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -348,15 +349,14 @@ def _insert_events(count: int) -> str:
 
 
 @functools.lru_cache(maxsize=512)
-def _known_write(count: int, one_session: bool) -> str:
-    """One shard's part of the known-rows append in one statement: its ``count`` events inserted (a CTE,
-    which Citus runs first, as a task of its own on the same worker connection; a stored id raises) and
-    its sessions' summaries written where they are still what the writer knew (the statement's row
-    count says how many were)."""
-    summaries = _KNOWN_SUMMARY if one_session else _KNOWN_SUMMARIES
+def _with_events(summaries: str, count: int) -> str:
+    """One shard's part of an append in one statement: ``summaries`` (an UPDATE of the shard's session
+    rows, its parameters first) preceded by the INSERT of the shard's ``count`` events as a CTE, which
+    Citus runs first, as a task of its own on the same worker connection (one phase still). A stored id
+    raises; the statement's row count is the UPDATE's."""
     if not count:
         return summaries
-    first = len(SESSION_COLUMNS) + 2
+    first = max(int(n) for n in re.findall(r"\$(\d+)", summaries)) + 1  # (after the UPDATE's parameters)
     insert = f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
     return f"WITH e AS ({insert}){summaries}"
 
@@ -458,6 +458,14 @@ def _row_args(events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> list[
     ]
 
 
+def _by_session(events: Iterable[Event]) -> dict[str, list[Event]]:
+    """``events`` grouped by session, each session's in their order."""
+    grouped: dict[str, list[Event]] = {}
+    for event in events:
+        grouped.setdefault(event.session, []).append(event)
+    return grouped
+
+
 def _key_arrays(keys: Sequence[Key]) -> tuple[list[str], list[str], list[str]]:
     """The lookup's parameters: the keys' sessions and ids, then each session once (for routing)."""
     return [k[0] for k in keys], [k[1] for k in keys], sorted({k[0] for k in keys})
@@ -532,41 +540,57 @@ class CitusWriter(PgWriter):
         if rest:
             await self.conn.execute(_NOTIFY, rest)
 
+    async def insert_and_update(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
+        """The optimistic append under the locks: per shard, its events and its summaries in one statement
+        (:func:`_with_events`); then the wake-up. A stored id raises, as :meth:`insert` does."""
+        by_session = _by_session(events)
+        ordered = sorted(rows.values(), key=lambda r: r.session)
+        for part in _by_shard(ordered, lambda r: r.session):
+            summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
+            await self._write_shard(part, by_session, _UPDATE_SESSIONS, summaries)
+        await self._wake(ordered)
+
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
         """Writes a plan made against ``known`` session rows without locking them first, one statement
-        per shard (:func:`_known_write`): the shard's events, and its summaries only where each row is
+        per shard (:func:`_with_events`): the shard's events, and its summaries only where each row is
         still what ``known`` says (its ``last_seq``); then the wake-up, all in the store's transaction
         (:meth:`CitusEventStore.appending`). A row that moved raises ``_RowsMoved`` and a stored id
         ``_StoredDuplicate`` (or the unique violation): the transaction rolls back and the store decides
         the append again under the locks. (The single-node statement does it all at once for every
         session, but Citus commits a statement that writes several shards by two-phase commit.)"""
         rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
-        events: dict[str, list[Event]] = {}
-        for event in plan.inserts:
-            events.setdefault(event.session, []).append(event)
+        by_session = _by_session(plan.inserts)
         for part in _by_shard(rows, lambda r: r.session):
-            inserts = [e for r in part for e in events.get(r.session, ())]
-            while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)
-                chunk, inserts = inserts[:_ROWS_PER_INSERT], inserts[_ROWS_PER_INSERT:]
-                if await self._insert_chunk(chunk, plan.rows) != len(chunk):
-                    raise postgres._StoredDuplicate
             if len(part) == 1:
                 summary: list[Any] = [getattr(part[0], c.name) for c in SESSION_COLUMNS]
                 summary.append(known[part[0].session].last_seq)
+                status = await self._write_shard(part, by_session, _KNOWN_SUMMARY, summary)
             else:
                 summary = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
                 summary.append([known[r.session].last_seq for r in part])
-            try:
-                status = await self.conn.execute(
-                    _known_write(len(inserts), len(part) == 1), *summary, *_row_args(inserts, plan.rows)
-                )
-            except asyncpg.InternalServerError as exc:
-                if is_duplicate(exc):
-                    raise postgres._StoredDuplicate from exc
-                raise
+                status = await self._write_shard(part, by_session, _KNOWN_SUMMARIES, summary)
             if postgres._rowcount(status) != len(part):
                 raise postgres._RowsMoved
         await self._wake(rows)
+
+    async def _write_shard(
+        self, part: Sequence[SessionInfo], events: Mapping[str, list[Event]], summaries: str, args: list[Any]
+    ) -> str:
+        """Inserts the events of the sessions of ``part`` (one shard) and runs ``summaries`` with ``args``,
+        in one statement (:func:`_with_events`) when the statement can hold the events; returns its
+        status. A stored id raises ``_StoredDuplicate`` (or the unique violation)."""
+        inserts = [e for r in part for e in events.get(r.session, ())]
+        rows = {r.session: r for r in part}
+        while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)
+            chunk, inserts = inserts[:_ROWS_PER_INSERT], inserts[_ROWS_PER_INSERT:]
+            if await self._insert_chunk(chunk, rows) != len(chunk):
+                raise postgres._StoredDuplicate
+        try:
+            return str(await self.conn.execute(_with_events(summaries, len(inserts)), *args, *_row_args(inserts, rows)))
+        except asyncpg.InternalServerError as exc:
+            if is_duplicate(exc):
+                raise postgres._StoredDuplicate from exc
+            raise
 
 
 # -- the feed's horizon -----------------------------------------------------------------------

@@ -217,6 +217,12 @@ class PgWriter(AppendWriter):
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
         await self.conn.execute(_UPDATE_SESSIONS, *([getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS))
 
+    async def insert_and_update(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
+        """The optimistic write under the locks: :meth:`insert` (a stored id raises), then the summaries
+        (Citus writes both in one statement per shard)."""
+        await self.insert(events, rows)
+        await self.update_sessions(list(rows.values()))
+
     def _event_columns(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> list[list[Any]]:
         """``ROW_COLUMNS`` as arrays: the events' columns, then each one's session's tenant."""
         columns = [[getattr(e, c.name) for e in events] for c in EVENT_COLUMNS[:-1]]
@@ -365,10 +371,11 @@ class PostgresEventStore(SqlEventStore):
                         plan = plan_append(events, rows, stored, expected_seq)
                         if plan.inserts:
                             if not attempt:
-                                await writer.insert(plan.inserts, plan.rows)
-                            elif await writer.insert_new(plan.inserts, plan.rows) != len(plan.inserts):
-                                raise _StoredDuplicate
-                            await writer.update_sessions(list(plan.rows.values()))
+                                await writer.insert_and_update(plan.inserts, plan.rows)
+                            else:
+                                if await writer.insert_new(plan.inserts, plan.rows) != len(plan.inserts):
+                                    raise _StoredDuplicate
+                                await writer.update_sessions(list(plan.rows.values()))
                     self._remember({**rows, **plan.rows})
                     return plan.results
                 except asyncpg.DeadlockDetectedError:

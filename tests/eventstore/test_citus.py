@@ -595,11 +595,17 @@ async def test_a_writers_one_event_append_is_three_statements(pg_url: str) -> No
     # A writer's own session (its row as the writer's last append left it): the transaction's opening
     # (BEGIN and the wake-up in one message), one statement for the shard (the event and the summary), and
     # COMMIT. It was five: BEGIN, the summary, the event, the wake-up, COMMIT, each a round trip through
-    # the coordinator.
+    # the coordinator. A new session's first append adds the lock of its row (six before).
     session = f"citus-{uuid.uuid4().hex[:12]}"
     async with await open_store(pg_url) as store:
         assert isinstance(store, CitusEventStore)
-        await store.append([started(session)])
+        with _statements() as seen:
+            await store.append([started(session)])
+        first = [" ".join(q.split()) for q, _ in seen]
+        assert len(first) == 4, first
+        assert first[0].startswith("BEGIN; SELECT pg_notify(") and first[1].startswith("INSERT INTO ct_sessions")
+        assert first[2].startswith("WITH e AS (INSERT INTO ct_events") and "UPDATE ct_sessions s" in first[2]
+        assert first[3] == "COMMIT"
         await store.append([text(session, "warm")])  # (the shard statement is prepared once)
         with _statements() as seen:
             stored = await store.append([text(session, "hello")])
@@ -680,7 +686,8 @@ async def test_the_erasure_guard_runs_once_per_statement_on_every_shard(pg_url: 
         await upgrade(pg_url, citus=True)
         assert {int(r[0]) & 1 for r in await conn.fetch(_GUARD_KINDS)} == {0}  # every shard: per statement
         await conn.execute(
-            "CREATE OR REPLACE FUNCTION ct_test_row_guard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$"
+            "CREATE OR REPLACE FUNCTION ct_test_row_guard() RETURNS trigger LANGUAGE plpgsql "
+            "AS $$ BEGIN RETURN NEW; END $$"
         )
         async with conn.transaction():  # the guard as an older calltape left it: per row
             await conn.execute("SET LOCAL citus.enable_unsafe_triggers = on")
