@@ -13,7 +13,9 @@ one process, alternating, ``--repeat`` times; medians, and the ratio single ÷ C
 * ``feed``: the global feed in pages of 1,000 over what the burst wrote (events/s).
 
 On one machine the cluster's nodes share its cores and disk, so this measures Citus's overhead, not
-its scale.
+its scale. Compare like with like: ``CREATE EXTENSION citus`` turns TLS on (a self-signed certificate,
+``citus.node_conninfo = 'sslmode=require'`` between the nodes), so against a single PostgreSQL without
+TLS pass ``?ssl=disable`` on the ``--citus`` URL and set ``citus.node_conninfo = 'sslmode=disable'``.
 """
 
 from __future__ import annotations

@@ -712,3 +712,25 @@ async def test_the_erasure_guard_runs_once_per_statement_on_every_shard(pg_url: 
         await store.append([started(other), text(other, "fine")])  # new sessions still start
         with pytest.raises(SessionErased):  # one erased session among new ones refuses the batch
             await store.append([started(f"citus-{uuid.uuid4().hex[:12]}"), started(session)], expected_seq=None)
+
+
+@pytest.mark.citus
+async def test_a_tenants_store_hands_its_tenant_on_in_the_begin(pg_url: str) -> None:
+    # The workers read the tenant from the transaction's SET LOCAL, sent in the same message as BEGIN: a
+    # tenant's append needs no statement more than anyone's, a read two (the opening and COMMIT), not three.
+    tag = uuid.uuid4().hex[:8]
+    session, tenant = f"t-{tag}", f"acme-{tag}"
+    async with app_role(pg_url) as url, await open_store(url, tenant=tenant) as store:
+        assert isinstance(store, CitusEventStore) and store.held_by_rls
+        await store.append([started(session)])
+        await store.append([text(session, "warm")])
+        with _statements() as appended:
+            await store.append([text(session, "hello")])
+        with _statements() as read:
+            events = await store.read(session)
+    assert [e.data.get("text") for e in events][1:] == ["warm", "hello"]
+    for seen, count in ((appended, 3), (read, 3)):
+        queries = [" ".join(q.split()) for q, _ in seen]
+        assert len(queries) == count, queries
+        assert queries[0].startswith("BEGIN; SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL")
+        assert queries[-1] == "COMMIT"
