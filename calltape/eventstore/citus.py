@@ -51,7 +51,8 @@ Tenants are kept apart by the database, as on one node, with two changes:
   tenant's. (Stores without a tenant, and the operator's, are unchanged.)
 
 The session summary ``UPDATE`` names its sessions as constants (so it routes to their shard instead
-of locking all of them), and a shard's events travel with it in one statement (:func:`_with_events`).
+of locking all of them); under the session locks a shard's events travel with it in one statement
+(:func:`_with_events`).
 The wake-up ``NOTIFY`` runs on the coordinator, where subscribers LISTEN, in the message that begins
 the transaction (:meth:`CitusEventStore.appending`): every statement is a round trip through the
 coordinator, so an append sends as few as it can.
@@ -545,7 +546,8 @@ class CitusWriter(PgWriter):
 
     async def insert_and_update(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
         """The optimistic append under the locks: per shard, its events and its summaries in one statement
-        (:func:`_with_events`); then the wake-up. A stored id raises, as :meth:`insert` does."""
+        (:func:`_with_events`; the session rows are locked already, so the events may go first); then the
+        wake-up. A stored id raises, as :meth:`insert` does."""
         by_session = _by_session(events)
         ordered = sorted(rows.values(), key=lambda r: r.session)
         for part in _by_shard(ordered, lambda r: r.session):
@@ -554,34 +556,40 @@ class CitusWriter(PgWriter):
         await self._wake(ordered)
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
-        """Writes a plan made against ``known`` session rows without locking them first, one statement
-        per shard (:func:`_with_events`): the shard's events, and its summaries only where each row is
-        still what ``known`` says (its ``last_seq``); then the wake-up, all in the store's transaction
-        (:meth:`CitusEventStore.appending`). A row that moved raises ``_RowsMoved`` and a stored id
-        ``_StoredDuplicate`` (or the unique violation): the transaction rolls back and the store decides
-        the append again under the locks. (The single-node statement does it all at once for every
-        session, but Citus commits a statement that writes several shards by two-phase commit.)"""
+        """Writes a plan made against ``known`` session rows without locking them first: per shard, the
+        summaries only where each row is still what ``known`` says (its ``last_seq``), then the shard's
+        events; then the wake-up, all in the store's transaction (:meth:`CitusEventStore.appending`). A
+        row that moved raises ``_RowsMoved`` and a stored id ``_StoredDuplicate``: the transaction rolls
+        back and the store decides the append again under the locks. The summary comes first, in a
+        statement of its own: it takes the row's lock before any event is written, as an append under
+        the locks does (events first, a writer under the locks that planned the same ``seq`` would wait
+        for these events while this waited for its lock: a deadlock). (The single-node statement does it
+        all at once for every session, but Citus commits a statement that writes several shards by
+        two-phase commit.)"""
         rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
         by_session = _by_session(plan.inserts)
         for part in _by_shard(rows, lambda r: r.session):
             if len(part) == 1:
                 summary: list[Any] = [getattr(part[0], c.name) for c in SESSION_COLUMNS]
                 summary.append(known[part[0].session].last_seq)
-                status = await self._write_shard(part, by_session, _KNOWN_SUMMARY, summary)
+                status = await self.conn.execute(_KNOWN_SUMMARY, *summary)
             else:
                 summary = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
                 summary.append([known[r.session].last_seq for r in part])
-                status = await self._write_shard(part, by_session, _KNOWN_SUMMARIES, summary)
+                status = await self.conn.execute(_KNOWN_SUMMARIES, *summary)
             if postgres._rowcount(status) != len(part):
                 raise postgres._RowsMoved
+            inserts = [e for r in part for e in by_session.get(r.session, ())]
+            if inserts:
+                await self.insert(inserts, plan.rows)
         await self._wake(rows)
 
     async def _write_shard(
         self, part: Sequence[SessionInfo], events: Mapping[str, list[Event]], summaries: str, args: list[Any]
     ) -> str:
-        """Inserts the events of the sessions of ``part`` (one shard) and runs ``summaries`` with ``args``,
-        in one statement (:func:`_with_events`) when the statement can hold the events; returns its
-        status. A stored id raises ``_StoredDuplicate`` (or the unique violation)."""
+        """Inserts the events of the sessions of ``part`` (one shard, their rows locked) and runs
+        ``summaries`` with ``args``, in one statement (:func:`_with_events`) when the statement can hold
+        the events; returns its status. A stored id raises ``_StoredDuplicate`` (or the unique violation)."""
         inserts = [e for r in part for e in events.get(r.session, ())]
         rows = {r.session: r for r in part}
         while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)

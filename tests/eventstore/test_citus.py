@@ -591,11 +591,14 @@ async def test_a_feed_page_emptied_between_its_two_steps_is_read_again_in_one(pg
 
 
 @pytest.mark.citus
-async def test_a_writers_one_event_append_is_three_statements(pg_url: str) -> None:
+async def test_a_writers_one_event_append_is_four_statements_summary_first(pg_url: str) -> None:
     # A writer's own session (its row as the writer's last append left it): the transaction's opening
-    # (BEGIN and the wake-up in one message), one statement for the shard (the event and the summary), and
-    # COMMIT. It was five: BEGIN, the summary, the event, the wake-up, COMMIT, each a round trip through
-    # the coordinator. A new session's first append adds the lock of its row (six before).
+    # (BEGIN and the wake-up in one message), the summary, the event, COMMIT; it was five (BEGIN, the
+    # summary, the event, the wake-up, COMMIT), each a round trip through the coordinator. The summary
+    # comes before the event: it takes the row's lock first, as an append under the locks does, so a
+    # writer under the locks that planned the same seq never waits for this one's event while this one
+    # waits for its lock. A new session's first append: the opening, the lock of its row, the event and
+    # the summary in one statement (the row is locked already), COMMIT (six before).
     session = f"citus-{uuid.uuid4().hex[:12]}"
     async with await open_store(pg_url) as store:
         assert isinstance(store, CitusEventStore)
@@ -606,16 +609,16 @@ async def test_a_writers_one_event_append_is_three_statements(pg_url: str) -> No
         assert first[0].startswith("BEGIN; SELECT pg_notify(") and first[1].startswith("INSERT INTO ct_sessions")
         assert first[2].startswith("WITH e AS (INSERT INTO ct_events") and "UPDATE ct_sessions s" in first[2]
         assert first[3] == "COMMIT"
-        await store.append([text(session, "warm")])  # (the shard statement is prepared once)
+        await store.append([text(session, "warm")])  # (the statements are prepared once)
         with _statements() as seen:
             stored = await store.append([text(session, "hello")])
         assert [e.seq for e in stored] == [3]
         assert [e.data.get("text") for e in await store.read(session)][1:] == ["warm", "hello"]
         queries = [" ".join(q.split()) for q, _ in seen]
-        assert len(queries) == 3, queries
+        assert len(queries) == 4, queries
         assert queries[0].startswith("BEGIN; SELECT pg_notify(")
-        assert queries[1].startswith("WITH e AS (INSERT INTO ct_events") and "UPDATE ct_sessions" in queries[1]
-        assert queries[2] == "COMMIT"
+        assert queries[1].startswith("UPDATE ct_sessions SET") and queries[2].startswith("INSERT INTO ct_events")
+        assert queries[3] == "COMMIT"
         info = await store.session_info(session)
         assert info is not None and info.last_seq == 3
 
@@ -717,7 +720,8 @@ async def test_the_erasure_guard_runs_once_per_statement_on_every_shard(pg_url: 
 @pytest.mark.citus
 async def test_a_tenants_store_hands_its_tenant_on_in_the_begin(pg_url: str) -> None:
     # The workers read the tenant from the transaction's SET LOCAL, sent in the same message as BEGIN: a
-    # tenant's append needs no statement more than anyone's, a read two (the opening and COMMIT), not three.
+    # tenant's append needs no statement more than anyone's (four), a read two (the opening and COMMIT),
+    # not three.
     tag = uuid.uuid4().hex[:8]
     session, tenant = f"t-{tag}", f"acme-{tag}"
     async with app_role(pg_url) as url, await open_store(url, tenant=tenant) as store:
@@ -729,8 +733,43 @@ async def test_a_tenants_store_hands_its_tenant_on_in_the_begin(pg_url: str) -> 
         with _statements() as read:
             events = await store.read(session)
     assert [e.data.get("text") for e in events][1:] == ["warm", "hello"]
-    for seen, count in ((appended, 3), (read, 3)):
+    for seen, count in ((appended, 4), (read, 3)):
         queries = [" ".join(q.split()) for q, _ in seen]
         assert len(queries) == count, queries
         assert queries[0].startswith("BEGIN; SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL")
         assert queries[-1] == "COMMIT"
+
+
+@pytest.mark.citus
+async def test_a_writer_that_knows_a_row_and_one_that_locks_it_never_deadlock() -> None:
+    # Two writers of one session, both planning the same next seq: one from the row its last append left
+    # (no lock), one under the lock. The first writes the summary before the event, so it takes the row's
+    # lock before the event exists; events first, the locking writer's insert of the same seq would wait
+    # for that event while the first waited for the lock (a deadlock, found by the worker after a second).
+    url = os.environ["CALLTAPE_TEST_CITUS_URL"]
+    session = f"citus-{uuid.uuid4().hex[:12]}"
+    deadlocks: list[BaseException] = []
+    cls = asyncpg.connection.Connection
+    real = cls.execute
+
+    async def watched(self: Any, query: str, *args: Any, **kw: Any) -> Any:
+        try:
+            return await real(self, query, *args, **kw)
+        except asyncpg.DeadlockDetectedError as exc:
+            deadlocks.append(exc)
+            raise
+
+    async with await open_store(url) as a, await open_store(url) as b:
+        assert isinstance(a, CitusEventStore) and isinstance(b, CitusEventStore)
+        await a.append([started(session)])
+        cls.execute = watched  # type: ignore[method-assign]
+        try:
+            for i in range(30):
+                await a.append([text(session, f"a-{i}")])  # a knows the row now
+                b._forget([session])  # b locks it
+                await asyncio.gather(a.append([text(session, f"a2-{i}")]), b.append([text(session, f"b-{i}")]))
+        finally:
+            cls.execute = real  # type: ignore[method-assign]
+        events = await a.read(session)
+    assert deadlocks == []
+    assert [e.seq for e in events] == list(range(1, 1 + 1 + 30 * 3))
