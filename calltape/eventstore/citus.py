@@ -393,6 +393,18 @@ UNION SELECT '{CHANNEL}_' || md5(coalesce(t, '')) FROM unnest($1::text[]) AS t) 
 """
 
 
+@functools.lru_cache(maxsize=512)
+def _known_write(summaries: str, count: int) -> str:
+    """One shard's part of the known-rows append in one statement: ``summaries`` (the guarded UPDATE,
+    its parameters first) as the first CTE, the shard's ``count`` events as the second, and the number
+    of summaries the UPDATE wrote as the result. Citus runs the CTEs in order, each a task of its own on
+    the same worker connection (one phase still), and counts on the coordinator: the row's lock is taken
+    before any event exists, as under the session locks."""
+    first = max(int(n) for n in re.findall(r"\$(\d+)", summaries)) + 1
+    insert = f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
+    return f"WITH u AS ({summaries} RETURNING 1), e AS ({insert}) SELECT count(*) FROM u"
+
+
 def wake_statement(tenants: Iterable[str | None]) -> str:
     """What ``_NOTIFY`` does for rows of ``tenants``, as a statement without parameters (the channels are
     hashes, nothing to quote), so that it can share a message with BEGIN."""
@@ -556,32 +568,44 @@ class CitusWriter(PgWriter):
         await self._wake(ordered)
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
-        """Writes a plan made against ``known`` session rows without locking them first: per shard, the
-        summaries only where each row is still what ``known`` says (its ``last_seq``), then the shard's
-        events; then the wake-up, all in the store's transaction (:meth:`CitusEventStore.appending`). A
-        row that moved raises ``_RowsMoved`` and a stored id ``_StoredDuplicate``: the transaction rolls
-        back and the store decides the append again under the locks. The summary comes first, in a
-        statement of its own: it takes the row's lock before any event is written, as an append under
-        the locks does (events first, a writer under the locks that planned the same ``seq`` would wait
-        for these events while this waited for its lock: a deadlock). (The single-node statement does it
-        all at once for every session, but Citus commits a statement that writes several shards by
-        two-phase commit.)"""
+        """Writes a plan made against ``known`` session rows without locking them first, one statement
+        per shard (:func:`_known_write`): its summaries only where each row is still what ``known`` says
+        (its ``last_seq``), then its events; then the wake-up, all in the store's transaction
+        (:meth:`CitusEventStore.appending`). A row that moved raises ``_RowsMoved`` and a stored id
+        ``_StoredDuplicate`` (or the unique violation): the transaction rolls back and the store decides
+        the append again under the locks. The summary must come first: it takes the row's lock before
+        any event exists, as an append under the locks does (events first, a writer under the locks that
+        planned the same ``seq`` would wait for these events while this one waited for its lock: a
+        deadlock). (The single-node statement does it all at once for every session, but Citus commits a
+        statement that writes several shards by two-phase commit.)"""
         rows = sorted(plan.rows.values(), key=lambda r: r.session)  # in the order lock_sessions takes them
         by_session = _by_session(plan.inserts)
         for part in _by_shard(rows, lambda r: r.session):
             if len(part) == 1:
                 summary: list[Any] = [getattr(part[0], c.name) for c in SESSION_COLUMNS]
                 summary.append(known[part[0].session].last_seq)
-                status = await self.conn.execute(_KNOWN_SUMMARY, *summary)
+                guarded = _KNOWN_SUMMARY
             else:
                 summary = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
                 summary.append([known[r.session].last_seq for r in part])
-                status = await self.conn.execute(_KNOWN_SUMMARIES, *summary)
-            if postgres._rowcount(status) != len(part):
-                raise postgres._RowsMoved
+                guarded = _KNOWN_SUMMARIES
             inserts = [e for r in part for e in by_session.get(r.session, ())]
-            if inserts:
-                await self.insert(inserts, plan.rows)
+            if not inserts or len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters)
+                if postgres._rowcount(await self.conn.execute(guarded, *summary)) != len(part):
+                    raise postgres._RowsMoved
+                if inserts:
+                    await self.insert(inserts, plan.rows)
+                continue
+            try:
+                written = await self.conn.fetchval(
+                    _known_write(guarded, len(inserts)), *summary, *_row_args(inserts, plan.rows)
+                )
+            except asyncpg.InternalServerError as exc:
+                if is_duplicate(exc):
+                    raise postgres._StoredDuplicate from exc
+                raise
+            if written != len(part):
+                raise postgres._RowsMoved
         await self._wake(rows)
 
     async def _write_shard(
