@@ -51,8 +51,8 @@ Tenants are kept apart by the database, as on one node, with two changes:
   tenant's. (Stores without a tenant, and the operator's, are unchanged.)
 
 The session summary ``UPDATE`` names its sessions as constants (so it routes to their shard instead
-of locking all of them); under the session locks a shard's events travel with it in one statement
-(:func:`_with_events`).
+of locking all of them), and a shard's events travel with its summaries in one statement
+(:func:`_with_events` under the session locks, :func:`_known_write` without them).
 The wake-up ``NOTIFY`` runs on the coordinator, where subscribers LISTEN, in the message that begins
 the transaction (:meth:`CitusEventStore.appending`): every statement is a round trip through the
 coordinator, so an append sends as few as it can.
