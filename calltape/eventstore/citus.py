@@ -52,7 +52,7 @@ Tenants are kept apart by the database, as on one node, with two changes:
 
 The session summary ``UPDATE`` names its sessions as constants (so it routes to their shard instead
 of locking all of them), and a shard's events travel with its summaries in one statement
-(:func:`_with_events` under the session locks, :func:`_known_write` without them).
+(:func:`_locked_write` under the session locks, :func:`_known_write` without them).
 The wake-up ``NOTIFY`` runs on the coordinator, where subscribers LISTEN, in the message that begins
 the transaction (:meth:`CitusEventStore.appending`): every statement is a round trip through the
 coordinator, so an append sends as few as it can.
@@ -63,8 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -352,19 +351,6 @@ def _insert_events(count: int) -> str:
     return _INSERT_EVENTS.format(columns=postgres._names(ROW_COLUMNS), values=_values(count))
 
 
-@functools.lru_cache(maxsize=512)
-def _with_events(summaries: str, count: int) -> str:
-    """One shard's part of an append in one statement: ``summaries`` (an UPDATE of the shard's session
-    rows, its parameters first) preceded by the INSERT of the shard's ``count`` events as a CTE, which
-    Citus runs first, as a task of its own on the same worker connection (one phase still). A stored id
-    raises; the statement's row count is the UPDATE's."""
-    if not count:
-        return summaries
-    first = max(int(n) for n in re.findall(r"\$(\d+)", summaries)) + 1  # (after the UPDATE's parameters)
-    insert = f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
-    return f"WITH e AS ({insert}){summaries}"
-
-
 _UPDATE_SESSIONS = f"""
 UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
 FROM unnest({postgres._arrays(SESSION_COLUMNS)}) AS v({postgres._names(SESSION_COLUMNS)})
@@ -387,27 +373,36 @@ WHERE session = $1 AND last_seq = ${len(SESSION_COLUMNS) + 1}
 path, a third cheaper than the join with ``unnest`` (one-session appends are the common case)."""
 
 
-_NOTIFY = f"""
-SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c
-UNION SELECT '{CHANNEL}_' || md5(coalesce(t, '')) FROM unnest($1::text[]) AS t) AS channels
-"""
+def _events_cte(count: int, first: int) -> str:
+    """The INSERT of ``count`` events whose parameters start at ``$first`` (after the UPDATE's), as a CTE
+    of a shard's one statement: Citus runs each CTE as a task of its own on the same worker connection,
+    in order, so the statement stays one-phase. A stored id raises."""
+    return f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
+
+
+@functools.lru_cache(maxsize=256)
+def _locked_write(count: int) -> str:
+    """A shard's part of an append under the session locks: its ``count`` events, then its summaries
+    (``_UPDATE_SESSIONS``, whose parameters come first); the rows are locked already, so the events may
+    go first. The statement's row count is the UPDATE's."""
+    return f"WITH e AS ({_events_cte(count, len(SESSION_COLUMNS) + 1)}){_UPDATE_SESSIONS}"
 
 
 @functools.lru_cache(maxsize=512)
-def _known_write(summaries: str, count: int) -> str:
-    """One shard's part of the known-rows append in one statement: ``summaries`` (the guarded UPDATE,
-    its parameters first) as the first CTE, the shard's ``count`` events as the second, and the number
-    of summaries the UPDATE wrote as the result. Citus runs the CTEs in order, each a task of its own on
-    the same worker connection (one phase still), and counts on the coordinator: the row's lock is taken
-    before any event exists, as under the session locks."""
-    first = max(int(n) for n in re.findall(r"\$(\d+)", summaries)) + 1
-    insert = f"INSERT INTO ct_events ({postgres._names(ROW_COLUMNS)}) VALUES {_values(count, first)}"
+def _known_write(one_session: bool, count: int) -> str:
+    """A shard's part of the known-rows append: the guarded summaries first (``_KNOWN_SUMMARY`` or
+    ``_KNOWN_SUMMARIES``, whose parameters come first), so the row's lock is taken before any event
+    exists, as under the session locks; then the ``count`` events; the result is how many summaries the
+    UPDATE wrote (counted on the coordinator)."""
+    summaries = _KNOWN_SUMMARY if one_session else _KNOWN_SUMMARIES
+    insert = _events_cte(count, len(SESSION_COLUMNS) + 2)
     return f"WITH u AS ({summaries} RETURNING 1), e AS ({insert}) SELECT count(*) FROM u"
 
 
 def wake_statement(tenants: Iterable[str | None]) -> str:
-    """What ``_NOTIFY`` does for rows of ``tenants``, as a statement without parameters (the channels are
-    hashes, nothing to quote), so that it can share a message with BEGIN."""
+    """The wake-up of the followers of rows of ``tenants``: the all-sessions channel and each tenant's
+    (``NOTIFY_TENANTS``' channels; a row without a tenant wakes the empty name's, as its ``coalesce``
+    does), inline, since they are hashes with nothing to quote, so it can share a message with BEGIN."""
     channels = [CHANNEL, *sorted({channel(t or "") for t in tenants})]
     return "SELECT " + ", ".join(f"pg_notify('{c}', '')" for c in channels)
 
@@ -453,6 +448,17 @@ def is_duplicate(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.UniqueViolationError):
         return True
     return isinstance(exc, asyncpg.InternalServerError) and _DUPLICATE in str(exc)
+
+
+@contextlib.contextmanager
+def _relayed_duplicates() -> Iterator[None]:
+    """A unique violation Citus relays as an internal error raises as the stored duplicate it is."""
+    try:
+        yield
+    except asyncpg.InternalServerError as exc:
+        if is_duplicate(exc):
+            raise postgres._StoredDuplicate from exc
+        raise
 
 
 def _row_args(events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> list[Any]:
@@ -534,12 +540,8 @@ class CitusWriter(PgWriter):
         """INSERT, never COPY: Citus commits every COPY by two-phase commit, even on one shard. A stored
         id makes it raise, as on PostgreSQL (and a unique violation Citus relays as an internal error
         is read as the duplicate it is)."""
-        try:
+        with _relayed_duplicates():
             written = await self.insert_new(events, rows)
-        except asyncpg.InternalServerError as exc:
-            if is_duplicate(exc):
-                raise postgres._StoredDuplicate from exc
-            raise
         if written != len(events):
             raise postgres._StoredDuplicate
 
@@ -552,19 +554,27 @@ class CitusWriter(PgWriter):
     async def _wake(self, rows: Iterable[SessionInfo]) -> None:
         """The wake-up of the sessions' subscribers, on the coordinator, delivered at commit; none for
         the tenants the transaction's opening woke already (:meth:`CitusEventStore.appending`)."""
-        rest = sorted({r.tenant or "" for r in rows if r.tenant not in self.woken})
+        rest = {r.tenant for r in rows} - self.woken
         if rest:
-            await self.conn.execute(_NOTIFY, rest)
+            await self.conn.execute(wake_statement(rest))
 
     async def insert_and_update(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
         """The optimistic append under the locks: per shard, its events and its summaries in one statement
-        (:func:`_with_events`; the session rows are locked already, so the events may go first); then the
-        wake-up. A stored id raises, as :meth:`insert` does."""
+        (:func:`_locked_write`; a part too large for one statement inserts its first events apart); then
+        the wake-up. A stored id raises, as :meth:`insert` does."""
         by_session = _by_session(events)
         ordered = sorted(rows.values(), key=lambda r: r.session)
         for part in _by_shard(ordered, lambda r: r.session):
+            inserts = [e for r in part for e in by_session.get(r.session, ())]
+            while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)
+                chunk, inserts = inserts[:_ROWS_PER_INSERT], inserts[_ROWS_PER_INSERT:]
+                with _relayed_duplicates():
+                    if await self._insert_chunk(chunk, rows) != len(chunk):
+                        raise postgres._StoredDuplicate
             summaries = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
-            await self._write_shard(part, by_session, _UPDATE_SESSIONS, summaries)
+            sql = _locked_write(len(inserts)) if inserts else _UPDATE_SESSIONS
+            with _relayed_duplicates():
+                await self.conn.execute(sql, *summaries, *_row_args(inserts, rows))
         await self._wake(ordered)
 
     async def append_known(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
@@ -584,48 +594,24 @@ class CitusWriter(PgWriter):
             if len(part) == 1:
                 summary: list[Any] = [getattr(part[0], c.name) for c in SESSION_COLUMNS]
                 summary.append(known[part[0].session].last_seq)
-                guarded = _KNOWN_SUMMARY
             else:
                 summary = [[getattr(r, c.name) for r in part] for c in SESSION_COLUMNS]
                 summary.append([known[r.session].last_seq for r in part])
-                guarded = _KNOWN_SUMMARIES
             inserts = [e for r in part for e in by_session.get(r.session, ())]
             if not inserts or len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters)
+                guarded = _KNOWN_SUMMARY if len(part) == 1 else _KNOWN_SUMMARIES
                 if postgres._rowcount(await self.conn.execute(guarded, *summary)) != len(part):
                     raise postgres._RowsMoved
                 if inserts:
                     await self.insert(inserts, plan.rows)
                 continue
-            try:
+            with _relayed_duplicates():
                 written = await self.conn.fetchval(
-                    _known_write(guarded, len(inserts)), *summary, *_row_args(inserts, plan.rows)
+                    _known_write(len(part) == 1, len(inserts)), *summary, *_row_args(inserts, plan.rows)
                 )
-            except asyncpg.InternalServerError as exc:
-                if is_duplicate(exc):
-                    raise postgres._StoredDuplicate from exc
-                raise
             if written != len(part):
                 raise postgres._RowsMoved
         await self._wake(rows)
-
-    async def _write_shard(
-        self, part: Sequence[SessionInfo], events: Mapping[str, list[Event]], summaries: str, args: list[Any]
-    ) -> str:
-        """Inserts the events of the sessions of ``part`` (one shard, their rows locked) and runs
-        ``summaries`` with ``args``, in one statement (:func:`_with_events`) when the statement can hold
-        the events; returns its status. A stored id raises ``_StoredDuplicate`` (or the unique violation)."""
-        inserts = [e for r in part for e in events.get(r.session, ())]
-        rows = {r.session: r for r in part}
-        while len(inserts) > _ROWS_PER_INSERT:  # (a statement takes 32,767 parameters at most)
-            chunk, inserts = inserts[:_ROWS_PER_INSERT], inserts[_ROWS_PER_INSERT:]
-            if await self._insert_chunk(chunk, rows) != len(chunk):
-                raise postgres._StoredDuplicate
-        try:
-            return str(await self.conn.execute(_with_events(summaries, len(inserts)), *args, *_row_args(inserts, rows)))
-        except asyncpg.InternalServerError as exc:
-            if is_duplicate(exc):
-                raise postgres._StoredDuplicate from exc
-            raise
 
 
 # -- the feed's horizon -----------------------------------------------------------------------
@@ -710,7 +696,7 @@ class CitusEventStore(PostgresEventStore):
             yield
 
     def appending(
-        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Collection[str | None], *, known: bool
+        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Iterable[str | None], *, known: bool
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """Every append is several statements here: one transaction, begun by one message that also
         hands the tenant on and wakes the followers of ``tenants``' rows (delivered at the commit, as
@@ -718,7 +704,7 @@ class CitusEventStore(PostgresEventStore):
         only the tenants left over (an operator's store may write any tenant's sessions)."""
         assert isinstance(writer, CitusWriter)
         writer.woken = frozenset(tenants)
-        return _begun(conn, "; ".join(s for s in (self.tenant_scope(), wake_statement(tenants)) if s))
+        return _begun(conn, "; ".join(s for s in (self.tenant_scope(), wake_statement(writer.woken)) if s))
 
     async def placements(self, sessions: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Each session's shard and worker group (asked of the coordinator's metadata, never cached, so a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -322,10 +322,10 @@ class PostgresEventStore(SqlEventStore):
             yield
 
     def appending(
-        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Collection[str | None], *, known: bool
+        self, conn: asyncpg.Connection, writer: PgWriter, tenants: Iterable[str | None], *, known: bool
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """The transaction an append writes in, for rows of ``tenants`` (the store's guess for an append
-        under the locks: the writer wakes any other tenant's followers itself). On a single node the
+        under the locks: the writer wakes any other tenant's followers itself; read only on Citus). On a single node the
         known-rows append (``known``) is one statement, a transaction of its own, and every append's
         statements wake the followers; Citus writes in several statements (see :mod:`.citus`)."""
         return contextlib.nullcontext() if known else self.transaction(conn)
@@ -353,7 +353,7 @@ class PostgresEventStore(SqlEventStore):
                 # and write in one statement that checks them (no lock, no lookup round trip).
                 try:
                     plan = plan_append(events, known, {}, expected_seq)
-                    async with self.appending(conn, writer, {r.tenant for r in known.values()}, known=True):
+                    async with self.appending(conn, writer, (r.tenant for r in known.values()), known=True):
                         await writer.append_known(plan, known)
                     self._remember({**known, **plan.rows})
                     return plan.results
