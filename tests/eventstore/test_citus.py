@@ -776,3 +776,55 @@ async def test_a_writer_that_knows_a_row_and_one_that_locks_it_never_deadlock() 
         events = await a.read(session)
     assert deadlocks == []
     assert [e.seq for e in events] == list(range(1, 1 + 1 + 30 * 3))
+
+
+@pytest.mark.citus
+async def test_a_shards_large_part_goes_in_as_arrays_on_one_shard_in_one_phase(pg_url: str) -> None:
+    # From PUSH_FROM events a shard, the events travel as arrays in an INSERT … SELECT joined to the shard's
+    # session rows, which Citus pushes down whole (one task) and commits in one phase, with positions and
+    # the transaction id read on the coordinator first: the first append (under the locks), a writer's
+    # next (its rows known), and a tenant role's append; a re-append writes nothing (its ids are stored).
+    session = f"citus-{uuid.uuid4().hex[:12]}"
+    n = citus.PUSH_FROM + 20
+    first = [started(session)] + [text(session, f"line {i}") for i in range(n - 1)]
+    second = [text(session, f"more {i}") for i in range(n)]
+    before = await _two_phase_commits(pg_url)
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        head = await store.head()
+        for batch, seqs in ((first, range(1, n + 1)), (second, range(n + 1, 2 * n + 1))):
+            with _statements() as seen:
+                stored = await store.append(batch)
+            assert [e.seq for e in stored] == list(seqs)
+            sent = [" ".join(q.split()) for q, _ in seen]
+            assert not any(q.startswith("INSERT INTO ct_events") and " VALUES " in q for q in sent), sent
+            pushed = [(q, a) for q, a in seen if "OVERRIDING SYSTEM VALUE" in q]
+            assert len(pushed) == 1 and len(pushed[0][1][0]) == n
+            assert [c for c, _ in await _task_counts(pg_url, pushed)] == [1]
+        with _statements() as seen:
+            again = await store.append(first)  # (its ids are looked up under the locks: nothing is written)
+        assert [(e.seq, e.id) for e in again] == [(e.seq, e.id) for e in (await store.read(session))[:n]]
+        assert not any(q.lstrip().startswith("INSERT INTO ct_events") for q, _ in seen)
+        assert await _two_phase_commits(pg_url) == before
+        events = await store.read(session)
+        assert [e.seq for e in events] == list(range(1, 2 * n + 1))
+        assert [e.data.get("text") for e in events[1:]] == [f"line {i}" for i in range(n - 1)] + [
+            f"more {i}" for i in range(n)
+        ]
+        # The feed sees them once each, in append order: the coordinator's transaction ids, and positions
+        # that rise with the events within each transaction.
+        await settle(store)
+        fed = await _feed_of(store, head, {session})
+        assert [e.seq for _, e in fed] == list(range(1, 2 * n + 1))
+        assert len({p.txid for p, _ in fed}) == 2 and [p for p, _ in fed] == sorted(p for p, _ in fed)
+    tenant = f"acme-{uuid.uuid4().hex[:8]}"
+    async with app_role(pg_url) as url, await open_store(url, tenant=tenant) as held_store:
+        mine = f"citus-{uuid.uuid4().hex[:12]}"
+        stored = await held_store.append([started(mine)] + [text(mine, f"t {i}") for i in range(n)])
+        assert [e.seq for e in stored] == list(range(1, n + 2))
+        assert len(await held_store.read(mine)) == n + 1
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        assert await conn.fetch("SELECT DISTINCT tenant FROM ct_events WHERE session = $1", mine) == [(tenant,)]
+    finally:
+        await conn.close()
