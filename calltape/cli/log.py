@@ -75,6 +75,16 @@ def db_upgrade(
             show_default=False,
         ),
     ] = None,
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            "--shards",
+            metavar="N",
+            help="Citus: distribute the tables in N shards (default: citus.shard_count where set, else 2 per "
+            "worker node; each worker's share of a batch is one statement per shard).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Apply the schema migrations to the database (the embedded SQLite file upgrades itself)."""
     from calltape.cli.dberrors import database_errors
@@ -83,7 +93,7 @@ def db_upgrade(
 
     url = database_url(ctx)
     with database_errors(url):
-        before, after = run(upgrade(url, grant=grant, citus=citus))
+        before, after = run(upgrade(url, grant=grant, citus=citus, shards=shards))
     place = where(url)
     if json_out:
         result: dict[str, object] = {"database": place, "before": before, "after": after, "upgraded": before != after}

@@ -148,7 +148,7 @@ def _upgrade(conn: Connection) -> None:
 
 
 async def upgrade(
-    url: str | None = None, *, grant: str | None = None, citus: bool | None = None
+    url: str | None = None, *, grant: str | None = None, citus: bool | None = None, shards: int | None = None
 ) -> tuple[str | None, str]:
     """Applies the migrations; returns (revision before, revision after).
 
@@ -157,13 +157,20 @@ async def upgrade(
 
     On a database with the ``citus`` extension the tables are then distributed by session (see
     :mod:`.citus`); ``citus=True`` requires the extension, ``citus=False`` leaves the tables local.
+    ``shards`` sets how many shards they are distributed in (see :data:`.citus.SHARDS_PER_WORKER`).
     """
     resolved = resolve_url(url)
     postgres = make_url(resolved).get_backend_name() == "postgresql"
+    if shards is not None and shards < 1:
+        raise CalltapeError(f"--shards takes a count of 1 or more, not {shards}")
     if grant is not None and not postgres:
         raise CalltapeError("--grant prepares a PostgreSQL role, and an SQLite file has no roles")
     if citus and not postgres:
         raise CalltapeError("--citus distributes a PostgreSQL database, and an SQLite file is not one")
+    if shards is not None and not postgres:
+        raise CalltapeError("--shards distributes a PostgreSQL database over Citus, and an SQLite file is not one")
+    if shards is not None and citus is False:
+        raise CalltapeError("--shards distributes the tables over Citus, and --no-citus leaves them local")
     engine = create_engine(resolved)
     try:
         async with translate_errors(resolved), _schema_transaction(engine) as conn:
@@ -172,7 +179,7 @@ async def upgrade(
                 await conn.run_sync(_upgrade)
             distributed = False
             if postgres and citus is not False:
-                await conn.run_sync(lambda sync: distribute(sync, required=bool(citus)))
+                await conn.run_sync(lambda sync: distribute(sync, required=bool(citus), shards=shards))
                 distributed = await conn.run_sync(is_distributed)
             if grant is not None:
                 role = grant

@@ -269,3 +269,12 @@ def test_json_counts_on_write_commands(cli: Cli, tmp_path: Path, session_id: str
     assert first.code == 0 and first.json() == {"imported": N, "skipped": 0, "sessions": 1, "lines": N}, first
     assert again.code == 0 and again.json() == {"imported": 0, "skipped": N, "sessions": 1, "lines": N}, again
     assert orjson.loads(first.out)  # nothing but the JSON on stdout
+
+
+def test_a_shard_count_without_citus_is_one_sentence(plain_cli: Cli, tmp_path: Path) -> None:
+    # --shards sets how a Citus cluster's tables are distributed: on the embedded SQLite file, or with
+    # --no-citus, it is refused before anything is written.
+    db = f"sqlite:///{tmp_path}/shards.db"
+    assert_error(plain_cli("db", "upgrade", "--shards", "4", db=db), "--shards", "an SQLite file is not one")
+    assert_error(plain_cli("db", "upgrade", "--shards", "0", db=db), "a count of 1 or more, not 0")
+    assert not (tmp_path / "shards.db").exists()

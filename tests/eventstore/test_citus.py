@@ -76,11 +76,50 @@ async def test_citus_is_required_only_when_asked(pg_url: str, tmp_path) -> None:
         await upgrade(pg_url, citus=True)
     with pytest.raises(CalltapeError, match="an SQLite file is not one"):
         await upgrade(f"sqlite:///{tmp_path}/x.db", citus=True)
+    # A shard count is a Citus setting: refused, in one sentence, where there is nothing to distribute.
+    with pytest.raises(CalltapeError, match="no citus extension: run CREATE EXTENSION citus"):
+        await upgrade(pg_url, shards=4)
+    with pytest.raises(CalltapeError, match="--no-citus leaves them local"):
+        await upgrade(pg_url, citus=False, shards=4)
+    with pytest.raises(CalltapeError, match="a count of 1 or more, not 0"):
+        await upgrade(pg_url, shards=0)
+    with pytest.raises(CalltapeError, match="an SQLite file is not one"):
+        await upgrade(f"sqlite:///{tmp_path}/y.db", shards=4)
+    assert not (tmp_path / "y.db").exists()
     async with await open_store(pg_url) as store:
         assert not isinstance(store, CitusEventStore)
 
 
 # -- on the cluster ----------------------------------------------------------------------------
+
+
+@pytest.mark.citus
+async def test_the_tables_get_two_shards_a_worker_unless_told(pg_url: str) -> None:
+    # The suite's database is distributed by db upgrade without --shards: two shards a worker node (where
+    # the operator set no citus.shard_count), every table the same; asking for another count is refused
+    # with the Citus call that changes it, and asking for the count the tables have changes nothing.
+    conn = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        workers = await conn.fetchval(
+            "SELECT count(*) FROM pg_dist_node WHERE isactive AND noderole = 'primary' AND shouldhaveshards"
+        )
+        operator_set = await conn.fetchval(
+            "SELECT source <> 'default' FROM pg_settings WHERE name = 'citus.shard_count'"
+        )
+        counts = await conn.fetch(
+            "SELECT logicalrelid::text, count(*) FROM pg_dist_shard WHERE logicalrelid::text = ANY($1::text[]) "
+            "GROUP BY 1",
+            list(DISTRIBUTED),
+        )
+    finally:
+        await conn.close()
+    assert len(counts) == len(DISTRIBUTED) and len({n for _, n in counts}) == 1
+    have = counts[0][1]
+    if not operator_set:
+        assert have == citus.SHARDS_PER_WORKER * workers
+    with pytest.raises(CalltapeError, match=rf"distributed in {have} shards already.*shard_count := {have + 1}"):
+        await upgrade(pg_url, shards=have + 1)
+    assert await upgrade(pg_url, shards=have) == await upgrade(pg_url)
 
 
 @pytest.mark.citus
