@@ -18,11 +18,13 @@ from typing import Any
 import asyncpg
 import pytest
 from eventstore_support import asyncpg_dsn, settle, started, text
+from sqlalchemy import text as sql_text
 
 from calltape.errors import CalltapeError, SessionErased, TenantRefused
 from calltape.eventstore import citus, open_store, upgrade
 from calltape.eventstore.bulk import bulk_import
 from calltape.eventstore.citus import DISTRIBUTED, CitusEventStore, is_duplicate, settle_two_phase, tenant_scope
+from calltape.eventstore.connect import create_engine, resolve_url
 from calltape.eventstore.postgres import PostgresEventStore
 from calltape.eventstore.tenancy import ALL_TENANTS, CHANNEL, NOTIFY_TENANTS, channel
 
@@ -117,6 +119,16 @@ async def test_the_tables_get_two_shards_a_worker_unless_told(pg_url: str) -> No
     have = counts[0][1]
     if not operator_set:
         assert have == citus.SHARDS_PER_WORKER * workers
+    # A shard count the operator set (here the session's) is the one a distribution would take.
+    engine = create_engine(resolve_url(pg_url))
+    try:
+        async with engine.connect() as conn:
+            if not operator_set:
+                assert await conn.run_sync(citus.shard_count) == citus.SHARDS_PER_WORKER * workers
+            await conn.execute(sql_text("SET citus.shard_count = 7"))
+            assert await conn.run_sync(citus.shard_count) == 7
+    finally:
+        await engine.dispose()
     with pytest.raises(CalltapeError, match=rf"distributed in {have} shards already.*shard_count := {have + 1}"):
         await upgrade(pg_url, shards=have + 1)
     assert await upgrade(pg_url, shards=have) == await upgrade(pg_url)
