@@ -149,7 +149,8 @@ arrays, whose cost per row is a third of VALUES'. Measured on a 2-worker cluster
 events through the recorder, against a single PostgreSQL on the same machine): 4 shards 1.5x the single
 node's time, 8 shards 1.9x, Citus's default of 32 2.8x. Every other calltape query names its session
 (one shard whatever the count), but a page of the global feed asks every shard. A cluster that grows
-past this many shards per worker splits them (``citus_split_shard_by_split_points``) and rebalances."""
+past this many shards per worker splits them (``citus_split_shard_by_split_points``) and rebalances;
+Citus merges no shards and redistributes no table with an identity column (``ct_events.pos``)."""
 
 _WORKER_NODES = "SELECT count(*) FROM pg_dist_node WHERE isactive AND noderole = 'primary' AND shouldhaveshards"
 _SHARD_COUNT_SET = "SELECT setting::int FROM pg_settings WHERE name = 'citus.shard_count' AND source <> 'default'"
@@ -183,8 +184,9 @@ def distribute(conn: Connection, *, required: bool = False, shards: int | None =
         have = int(conn.execute(text(_SHARD_COUNT), {"t": ANCHOR}).scalar() or 0)
         if have != shards:
             raise CalltapeError(
-                f"the calltape tables are distributed in {have} shards already; Citus changes that with "
-                f"alter_distributed_table('{ANCHOR}', shard_count := {shards}, cascade_to_colocated := true)"
+                f"the calltape tables are distributed in {have} shards already, and Citus cannot redistribute "
+                f"them (ct_events has an identity column): split shards with citus_split_shard_by_split_points, "
+                f"or distribute a new database with --shards {shards} and move the sessions there"
             )
     guard = _guard_outdated(conn)
     if guard and is_distributed(conn, ANCHOR):
