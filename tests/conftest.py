@@ -7,8 +7,11 @@ PostgreSQL fails the run instead of skipping.
 ``$CALLTAPE_TEST_CITUS_URL`` (the coordinator of a Citus cluster, a database with the ``citus``
 extension and its workers added) runs the PostgreSQL tests on the cluster instead: the suite distributes
 the calltape tables there (``db upgrade``) and uses that database as it is (tests use their own session
-ids), and tests that need a database of their own are skipped. Tests marked ``citus`` run only then.
-CI keeps the single node.
+ids), and tests that need a database of their own are skipped. Tests marked ``citus`` run only then,
+in one process (``-n 0``: some count the cluster's two-phase commits, which another process's writes
+would move). CI keeps the single node.
+
+The README's command runs the suite in two processes (pytest-xdist): each makes its own database.
 """
 
 from __future__ import annotations
