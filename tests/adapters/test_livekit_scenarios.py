@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -68,20 +69,60 @@ async def run_call(
     return session, call, native
 
 
+async def shaped_call(
+    store: EventStore,
+    session_id: str,
+    script: list[Utterance],
+    make: Callable[[], tuple[ScriptedLLM, Agent]],
+    shaped: Callable[[AgentSession[Any], ScriptedLLM], bool],
+    *,
+    seconds: float,
+    calls: bool = False,
+    **options: Any,
+) -> tuple[AgentSession[Any], ScriptedLLM, dict[str, Any], str]:
+    """:func:`run_call` until LiveKit's own history takes the scenario's shape (``shaped``), at most three
+    runs, a new session each (``make`` gives each its LLM and agent); returns the last run's session, LLM,
+    calltape's context and session id.
+
+    Real time: on a starved machine LiveKit's timeline can slip (a reply lands after the next utterance)
+    and the call takes another shape. calltape must agree with LiveKit on every run, whatever its shape
+    (checked here, turn by turn, and call by call with ``calls``); only the shape under test is waited for."""
+    for attempt in range(3):
+        sid = f"{session_id}-{attempt}"
+        llm_, agent = make()
+        session, _, native = await run_call(store, sid, script, llm_, agent, seconds=seconds, **options)
+        assert calltape_turns(native) == livekit_turns(session.history)
+        if calls:
+            assert calltape_calls(native) == livekit_calls(session.history)
+        if shaped(session, llm_):
+            return session, llm_, native, sid
+    pytest.fail("LiveKit's history never took the scenario's shape (three runs on a starved machine)")
+
+
 # -------------------------------------------------------------------------------------------------
 # Family: turn-taking (upstream test_events_and_metrics, test_generate_reply)
 
 
 async def test_turn_taking(store: EventStore, session_id: str) -> None:
     script = [Utterance(0.2, 0.7, "Hello there."), Utterance(2.4, 2.9, "What time do you open?")]
-    llm_ = ScriptedLLM([Step("Hi, how can I help you today?"), Step("We open at nine.")])
-    session, _, native = await run_call(store, session_id, script, llm_, Agent(instructions="Shop."), seconds=4.2)
-    assert livekit_turns(session.history) == [
+    turns = [
         ("user", "Hello there."),
         ("assistant", "Hi, how can I help you today?"),
         ("user", "What time do you open?"),
         ("assistant", "We open at nine."),
     ]
+    session, _, native, _ = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (
+            ScriptedLLM([Step("Hi, how can I help you today?"), Step("We open at nine.")]),
+            Agent(instructions="Shop."),
+        ),
+        lambda session, _: livekit_turns(session.history) == turns,
+        seconds=4.2,
+    )
+    assert livekit_turns(session.history) == turns
     assert calltape_turns(native) == livekit_turns(session.history)
     assert native["clean"]
 
@@ -93,14 +134,24 @@ async def test_turn_taking(store: EventStore, session_id: str) -> None:
 async def test_barge_in_keeps_what_was_heard(store: EventStore, session_id: str) -> None:
     long = "Our opening hours are from nine in the morning until six in the evening on every weekday of the year."
     script = [Utterance(0.2, 0.6, "When are you open?"), Utterance(1.6, 2.1, "Only Saturday please.")]
-    llm_ = ScriptedLLM([Step(long), Step("On Saturdays we open at ten.")])
-    session, _, native = await run_call(store, session_id, script, llm_, Agent(instructions="Shop."), seconds=4.5)
-    cut = [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
+
+    def cut_of(session: AgentSession[Any]) -> list[llm.ChatMessage]:
+        return [m for m in session.history.items if isinstance(m, llm.ChatMessage) and m.interrupted]
+
+    session, _, native, sid = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (ScriptedLLM([Step(long), Step("On Saturdays we open at ten.")]), Agent(instructions="Shop.")),
+        lambda session, _: len(cut := cut_of(session)) == 1 and 0 < len(cut[0].text_content or "") < len(long),
+        seconds=4.5,
+    )
+    cut = cut_of(session)
     assert len(cut) == 1 and 0 < len(cut[0].text_content or "") < len(long)  # upstream: cut mid-sentence
     assert calltape_turns(native) == livekit_turns(session.history)
     heard = [i for i in native["items"] if i["type"] == "message" and i.get("interrupted")]
     assert [h["content"].strip() for h in heard] == [(cut[0].text_content or "").strip()]
-    interruptions = [e for e in await store.read(session_id) if e.type == "interruption"]
+    interruptions = [e for e in await store.read(sid) if e.type == "interruption"]
     assert [e.data["cause"] for e in interruptions] == ["user_speech"]
 
 
@@ -111,11 +162,20 @@ async def test_barge_in_keeps_what_was_heard(store: EventStore, session_id: str)
 async def test_speech_over_a_non_interruptible_reply_is_not_a_user_turn(store: EventStore, session_id: str) -> None:
     terms = "These are the terms of the service, please listen to all of them carefully before you agree."
     script = [Utterance(0.2, 0.6, "Read me the terms."), Utterance(1.4, 1.8, "Hello? Are you there?")]
-    llm_ = ScriptedLLM([Step(terms), Step("Yes, I am here.")])
-    agent = Agent(instructions="Terms.", allow_interruptions=False)
-    session, _, native = await run_call(store, session_id, script, llm_, agent, seconds=4.0)
+    expected = [("user", "Read me the terms."), ("assistant", terms)]
+    session, llm_, native, _ = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (
+            ScriptedLLM([Step(terms), Step("Yes, I am here.")]),
+            Agent(instructions="Terms.", allow_interruptions=False),
+        ),
+        lambda session, llm_: livekit_turns(session.history) == expected and len(llm_.seen) == 1,
+        seconds=4.0,
+    )
     # upstream: LiveKit discards the speech (no user turn, no reply to it)
-    assert livekit_turns(session.history) == [("user", "Read me the terms."), ("assistant", terms)]
+    assert livekit_turns(session.history) == expected
     assert len(llm_.seen) == 1
     assert calltape_turns(native) == livekit_turns(session.history)
     assert native["pending"]["user_text"] is None and native["clean"]
@@ -131,11 +191,18 @@ async def test_slow_user_turn_hook_while_the_user_keeps_talking(store: EventStor
             await asyncio.sleep(0.8)  # a RAG lookup
 
     script = [Utterance(0.2, 0.7, "Tell me a story"), Utterance(1.0, 1.5, "about a firefighter.")]
-    llm_ = ScriptedLLM([Step("Once upon a time."), Step("Once upon a time, a firefighter named Sam.")])
-    session, _, native = await run_call(
-        store, session_id, script, llm_, Librarian(instructions="Stories."), seconds=4.0
-    )
     said = " ".join(u.text for u in script)
+    session, _, native, _ = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (
+            ScriptedLLM([Step("Once upon a time."), Step("Once upon a time, a firefighter named Sam.")]),
+            Librarian(instructions="Stories."),
+        ),
+        lambda session, _: [t for r, t in livekit_turns(session.history) if r == "user"] == [said],
+        seconds=4.0,
+    )
     lk_user = [t for r, t in livekit_turns(session.history) if r == "user"]
     assert lk_user == [said]
     ct_user = [t for r, t in calltape_turns(native) if r == "user"]
@@ -175,19 +242,16 @@ async def test_tool_turn(store: EventStore, session_id: str) -> None:
 async def test_barge_in_while_the_tool_runs(store: EventStore, session_id: str) -> None:
     script = [Utterance(0.2, 0.7, "A table at seven please."), Utterance(1.3, 1.8, "And is there parking?")]
     steps = [Step("One moment.", [("call_1", "book", {"when": "7pm"})]), Step("Yes, parking is free."), Step("Done.")]
-    # Real time: on a starved machine the barge-in can land before the LLM asked for the tool, and
-    # the scenario never takes its shape. calltape must agree with LiveKit on every run; the run is
-    # repeated (a new session each time) until LiveKit's history shows the shape under test.
-    for attempt in range(3):
-        session, _, native = await run_call(
-            store, f"{session_id}-{attempt}", script, ScriptedLLM(steps), Booker(delay=1.5), seconds=5.0
-        )
-        assert calltape_calls(native) == livekit_calls(session.history)
-        assert calltape_turns(native) == livekit_turns(session.history)
-        if "call_1" in livekit_calls(session.history):
-            break
-    else:
-        pytest.fail("the barge-in never landed while the tool ran (three runs on a starved machine)")
+    # On a starved machine the barge-in can land before the LLM asked for the tool.
+    session, _, _, _ = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (ScriptedLLM(steps), Booker(delay=1.5)),
+        lambda session, _: "call_1" in livekit_calls(session.history),
+        seconds=5.0,
+        calls=True,
+    )
     assert livekit_calls(session.history)["call_1"] == ("book", "booked 7pm")  # upstream keeps it (#3702)
 
 
@@ -197,13 +261,12 @@ async def test_barge_in_while_the_tool_runs(store: EventStore, session_id: str) 
 
 async def test_preemptive_generation(store: EventStore, session_id: str) -> None:
     script = [Utterance(0.2, 0.7, "Hello there."), Utterance(2.4, 2.9, "Thanks, bye.")]
-    llm_ = ScriptedLLM([Step("Hi, how can I help you today?"), Step("Goodbye.")])
-    session, _, native = await run_call(
+    session, _, native, _ = await shaped_call(
         store,
         session_id,
         script,
-        llm_,
-        Agent(instructions="Shop."),
+        lambda: (ScriptedLLM([Step("Hi, how can I help you today?"), Step("Goodbye.")]), Agent(instructions="Shop.")),
+        lambda session, _: livekit_turns(session.history)[-1:] == [("assistant", "Goodbye.")],
         seconds=4.2,
         turn_handling={"preemptive_generation": {"enabled": True}},
     )
@@ -263,9 +326,7 @@ async def test_injected_greeting_instructions_and_typed_input(store: EventStore,
             )
 
     script = [Utterance(1.8, 2.2, "Mario.")]
-    llm_ = ScriptedLLM([Step("What is your name?"), Step("Nice to meet you, Mario."), Step("Two it is.")])
-    session, _, native = await run_call(store, session_id, script, llm_, Host(), seconds=5.0)
-    assert livekit_turns(session.history) == [
+    turns = [
         ("assistant", "Welcome to Luigi's."),
         ("assistant", "What is your name?"),
         ("user", "Mario."),
@@ -273,6 +334,18 @@ async def test_injected_greeting_instructions_and_typed_input(store: EventStore,
         ("user", "Table for two."),
         ("assistant", "Two it is."),
     ]
+    session, _, native, _ = await shaped_call(
+        store,
+        session_id,
+        script,
+        lambda: (
+            ScriptedLLM([Step("What is your name?"), Step("Nice to meet you, Mario."), Step("Two it is.")]),
+            Host(),
+        ),
+        lambda session, _: livekit_turns(session.history) == turns,
+        seconds=5.0,
+    )
+    assert livekit_turns(session.history) == turns
     assert calltape_turns(native) == livekit_turns(session.history)
     # the nudge is an instruction for one generation, not a message of either context
     assert not any("Ask for the caller" in str(i.get("content")) for i in native["items"])
