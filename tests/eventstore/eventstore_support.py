@@ -142,6 +142,26 @@ async def retrying(op: Callable[[], Awaitable[T]], *, attempts: int = 100, delay
     return await op()
 
 
+async def follow_feed(
+    store: EventStore, position: Any, sessions: set[str], done: asyncio.Event, *, limit: int
+) -> list[str]:
+    """A follower polling the feed in pages of ``limit`` while writers run, until ``done`` is set and a
+    page comes back empty; the ids of ``sessions``' events it saw, in order. Positions only rise."""
+    seen: list[str] = []
+    while True:
+        finished = done.is_set()
+        page = await store.feed(position, limit=limit)
+        for p, e in page:
+            assert p > position
+            position = p
+            if e.session in sessions:
+                seen.append(e.id)
+        if finished and not page:
+            return seen
+        if not page:
+            await asyncio.sleep(0.002)
+
+
 async def drain_feed(store: EventStore, after: Any, session_filter: set[str] | None = None) -> list[tuple[Any, Event]]:
     rows: list[tuple[Any, Event]] = []
     position = after

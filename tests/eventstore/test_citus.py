@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from eventstore_support import asyncpg_dsn, settle, started, text
+from eventstore_support import asyncpg_dsn, follow_feed, settle, started, text
 from sqlalchemy import text as sql_text
 
 from calltape.errors import CalltapeError, SessionErased, TenantRefused
@@ -893,35 +893,19 @@ async def test_a_follower_sees_every_event_of_concurrent_array_appends_exactly_o
         position = await reader.head()
         ours = {f"arr-{tag}-{w}-{k}" for w in range(4) for k in range(3)}
         appended: list[str] = []
-        seen: list[str] = []
-        done = False
+        done = asyncio.Event()
 
         async def writer(w: int, store: Any) -> None:
             for round_ in range(3):
                 batch = [text(f"arr-{tag}-{w}-{k}", f"{round_}.{i}") for k in range(3) for i in range(per)]
                 appended.extend(e.id for e in await store.append(batch))
 
-        async def follow() -> None:
-            nonlocal position
-            while True:
-                finished = done
-                page = await reader.feed(position, limit=50)
-                for p, e in page:
-                    assert p > position
-                    position = p
-                    if e.session in ours:
-                        seen.append(e.id)
-                if finished and not page:
-                    return
-                if not page:
-                    await asyncio.sleep(0.002)
-
-        following = asyncio.create_task(follow())
+        following = asyncio.create_task(follow_feed(reader, position, ours, done, limit=50))
         with _statements() as sent:
             await asyncio.gather(*(writer(w, s) for w, s in enumerate(stores)))
         await settle(reader)
-        done = True
-        await asyncio.wait_for(following, 30)
+        done.set()
+        seen = await asyncio.wait_for(following, 30)
         queries = [" ".join(q.split()) for q, _ in sent]
         assert sum("OVERRIDING SYSTEM VALUE" in q for q in queries) >= 4 * 3  # (every part as arrays)
         assert not any("INSERT INTO ct_events (" in q and " VALUES " in q for q in queries)

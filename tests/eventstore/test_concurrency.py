@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from eventstore_support import settle, started, text, texts
+from eventstore_support import follow_feed, settle, started, text, texts
 
 from calltape.errors import ConcurrencyConflict
 from calltape.events import make_event
@@ -116,33 +116,17 @@ async def test_feed_read_during_concurrent_writers_never_skips(writers, session_
     sessions = [f"{session_id}-{k}" for k in range(WRITERS)]
     position = await store.head()
     appended: list[str] = []
-    seen: list[str] = []
-    done = False
+    done = asyncio.Event()
 
     async def writer(i: int, w: EventStore):
         for j in range(8):
             out = await w.append([make_event(sessions[i], "user.text", {"text": f"{j}.{k}"}) for k in range(3)])
             appended.extend(e.id for e in out)
 
-    async def reader():
-        nonlocal position
-        while True:
-            finished = done
-            page = await store.feed(position, limit=7)
-            for p, e in page:
-                assert p > position
-                position = p
-                if e.session in sessions:
-                    seen.append(e.id)
-            if finished and not page:
-                return
-            if not page:
-                await asyncio.sleep(0.002)
-
-    reading = asyncio.create_task(reader())
+    reading = asyncio.create_task(follow_feed(store, position, set(sessions), done, limit=7))
     await asyncio.gather(*(writer(i, w) for i, w in enumerate(writers)))
     await settle(store)
-    done = True
-    await asyncio.wait_for(reading, 20)
+    done.set()
+    seen = await asyncio.wait_for(reading, 20)
     assert len(seen) == len(set(seen)) == WRITERS * 8 * 3
     assert set(seen) == set(appended)
