@@ -57,7 +57,9 @@ async def test_flush_returns_under_sustained_load(store: EventStore, session_id:
             t0 = time.perf_counter()
             await asyncio.wait_for(rec.flush(), 30)  # before the fix: never, while the load goes on
             assert time.perf_counter() - t0 < 20
-            assert rec.pending > 0 or not producing  # the load went on while flush returned
+            # the load went on while flush waited (the queue may still be empty at the instant it returns:
+            # under a loaded machine the producer need not have run since the last batch was taken)
+            assert len(emitted) > len(before)
             stored = {e.id for s in sessions for e in await store.read(s)}
             assert {e.id for e in before} <= stored
     finally:
