@@ -377,9 +377,12 @@ ON CONFLICT (session, id) DO NOTHING
 """
 
 
+_ROWS_PER_INSERT = 2000
+"""Events per ``INSERT … VALUES`` (PostgreSQL takes at most 32,767 parameters a statement)."""
+
 PUSH_FROM = 100
 """A shard's part of this many events or more goes in as arrays (:data:`_PUSHED`), a smaller one as
-``INSERT … VALUES`` (at most 900 parameters): arrays cost the coordinator a planning over every shard and
+``INSERT … VALUES``: arrays cost the coordinator a planning over every shard and
 a round trip for the positions, VALUES cost it every row, evaluated and deparsed for its worker, and the
 worker parses that text again. Measured on one shard of a 2-worker cluster, the two take as long at 60
 to 80 events and the arrays half as long at 300; their coordinator's CPU is the smaller from fewer rows on."""
@@ -606,9 +609,17 @@ class CitusWriter(PgWriter):
 
     async def _insert_part(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> int:
         """One shard's events, skipping ids already stored (as arrays from :data:`PUSH_FROM` events on,
-        else as VALUES); how many were written."""
-        if len(events) < PUSH_FROM:
-            return postgres._rowcount(await self.conn.execute(_insert_events(len(events)), *_row_args(events, rows)))
+        else as VALUES); how many were written. Events not split by shard (a bulk import's, which commits
+        over every shard anyway) go as VALUES, which Citus routes row by row: as arrays, every shard's
+        task would receive all of them."""
+        one_shard = _SHARD_OF.get() is not None or len({e.session for e in events}) == 1
+        if len(events) < PUSH_FROM or not one_shard:
+            written = 0
+            for start in range(0, len(events), _ROWS_PER_INSERT):
+                chunk = events[start : start + _ROWS_PER_INSERT]
+                status = await self.conn.execute(_insert_events(len(chunk)), *_row_args(chunk, rows))
+                written += postgres._rowcount(status)
+            return written
         xid, positions = await self.conn.fetchrow(_POSITIONS, len(events))
         columns = self._event_columns(events, rows)
         return postgres._rowcount(await self.conn.execute(_PUSHED, *columns, positions, xid, sorted(set(columns[0]))))

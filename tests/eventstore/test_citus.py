@@ -914,3 +914,24 @@ async def test_a_follower_sees_every_event_of_concurrent_array_appends_exactly_o
     finally:
         for store in stores:
             await store.close()
+
+
+@pytest.mark.citus
+async def test_an_import_over_many_shards_sends_no_arrays_to_every_shard(pg_url: str) -> None:
+    # A bulk import's events are not split by shard (it commits over all of them at once): as arrays, every
+    # shard's task would receive all of its rows. They go as VALUES, which Citus routes row by row, and
+    # every statement that does carry arrays reaches one shard.
+    sessions = [f"citus-bulk-{uuid.uuid4().hex[:10]}" for _ in range(40)]
+    async with await open_store(pg_url) as store:
+        assert isinstance(store, CitusEventStore)
+        assert len({shard for shard, _ in (await store.placements(sessions)).values()}) > 1
+        events = [started(s) for s in sessions] + [text(s, f"n{i}") for i in range(2) for s in sessions]
+        assert len(events) >= citus.PUSH_FROM
+        with _statements() as seen:
+            async with bulk_import(store) as imp:
+                await imp.add(events)
+        pushed = [(q, a) for q, a in seen if "OVERRIDING SYSTEM VALUE" in q]
+        assert all(n == 1 for n, _ in await _task_counts(pg_url, pushed))
+        assert not pushed
+        for s in sessions:
+            assert [e.seq for e in await store.read(s)] == [1, 2, 3]
