@@ -382,9 +382,9 @@ _ROWS_PER_INSERT = 2000
 
 PUSH_FROM = 100
 """A shard's part of this many events or more goes in as arrays (:data:`_PUSHED`), a smaller one as
-``INSERT … VALUES``: arrays cost the coordinator a planning over every shard and
-a round trip for the positions, VALUES cost it every row, evaluated and deparsed for its worker, and the
-worker parses that text again. Measured on one shard of a 2-worker cluster, the two take as long at 60
+``INSERT … VALUES``: arrays cost the coordinator a planning over every shard and a round trip for the
+positions, VALUES cost it every row, evaluated and deparsed for its worker, and the worker parses that
+text again. Measured on one shard of a 2-worker cluster, the two take as long at 60
 to 80 events and the arrays half as long at 300; their coordinator's CPU is the smaller from fewer rows on."""
 
 _WIDTH = len(ROW_COLUMNS)

@@ -111,7 +111,7 @@ async def test_turn_taking(store: EventStore, session_id: str) -> None:
         ("user", "What time do you open?"),
         ("assistant", "We open at nine."),
     ]
-    session, _, native, _ = await shaped_call(
+    _, _, native, _ = await shaped_call(
         store,
         session_id,
         script,
@@ -122,8 +122,6 @@ async def test_turn_taking(store: EventStore, session_id: str) -> None:
         lambda session, _: livekit_turns(session.history) == turns,
         seconds=4.2,
     )
-    assert livekit_turns(session.history) == turns
-    assert calltape_turns(native) == livekit_turns(session.history)
     assert native["clean"]
 
 
@@ -143,12 +141,11 @@ async def test_barge_in_keeps_what_was_heard(store: EventStore, session_id: str)
         session_id,
         script,
         lambda: (ScriptedLLM([Step(long), Step("On Saturdays we open at ten.")]), Agent(instructions="Shop.")),
+        # upstream: one reply cut mid-sentence
         lambda session, _: len(cut := cut_of(session)) == 1 and 0 < len(cut[0].text_content or "") < len(long),
         seconds=4.5,
     )
     cut = cut_of(session)
-    assert len(cut) == 1 and 0 < len(cut[0].text_content or "") < len(long)  # upstream: cut mid-sentence
-    assert calltape_turns(native) == livekit_turns(session.history)
     heard = [i for i in native["items"] if i["type"] == "message" and i.get("interrupted")]
     assert [h["content"].strip() for h in heard] == [(cut[0].text_content or "").strip()]
     interruptions = [e for e in await store.read(sid) if e.type == "interruption"]
@@ -163,7 +160,7 @@ async def test_speech_over_a_non_interruptible_reply_is_not_a_user_turn(store: E
     terms = "These are the terms of the service, please listen to all of them carefully before you agree."
     script = [Utterance(0.2, 0.6, "Read me the terms."), Utterance(1.4, 1.8, "Hello? Are you there?")]
     expected = [("user", "Read me the terms."), ("assistant", terms)]
-    session, llm_, native, _ = await shaped_call(
+    _, _, native, _ = await shaped_call(
         store,
         session_id,
         script,
@@ -171,13 +168,10 @@ async def test_speech_over_a_non_interruptible_reply_is_not_a_user_turn(store: E
             ScriptedLLM([Step(terms), Step("Yes, I am here.")]),
             Agent(instructions="Terms.", allow_interruptions=False),
         ),
+        # upstream: LiveKit discards the speech (no user turn, no reply to it)
         lambda session, llm_: livekit_turns(session.history) == expected and len(llm_.seen) == 1,
         seconds=4.0,
     )
-    # upstream: LiveKit discards the speech (no user turn, no reply to it)
-    assert livekit_turns(session.history) == expected
-    assert len(llm_.seen) == 1
-    assert calltape_turns(native) == livekit_turns(session.history)
     assert native["pending"]["user_text"] is None and native["clean"]
 
 
@@ -192,7 +186,7 @@ async def test_slow_user_turn_hook_while_the_user_keeps_talking(store: EventStor
 
     script = [Utterance(0.2, 0.7, "Tell me a story"), Utterance(1.0, 1.5, "about a firefighter.")]
     said = " ".join(u.text for u in script)
-    session, _, native, _ = await shaped_call(
+    await shaped_call(
         store,
         session_id,
         script,
@@ -200,14 +194,10 @@ async def test_slow_user_turn_hook_while_the_user_keeps_talking(store: EventStor
             ScriptedLLM([Step("Once upon a time."), Step("Once upon a time, a firefighter named Sam.")]),
             Librarian(instructions="Stories."),
         ),
+        # one user turn, each word once (calltape agrees turn by turn: checked in shaped_call)
         lambda session, _: [t for r, t in livekit_turns(session.history) if r == "user"] == [said],
         seconds=4.0,
     )
-    lk_user = [t for r, t in livekit_turns(session.history) if r == "user"]
-    assert lk_user == [said]
-    ct_user = [t for r, t in calltape_turns(native) if r == "user"]
-    assert ct_user == [said]  # each word once
-    assert calltape_turns(native) == livekit_turns(session.history)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -261,7 +251,7 @@ async def test_barge_in_while_the_tool_runs(store: EventStore, session_id: str) 
 
 async def test_preemptive_generation(store: EventStore, session_id: str) -> None:
     script = [Utterance(0.2, 0.7, "Hello there."), Utterance(2.4, 2.9, "Thanks, bye.")]
-    session, _, native, _ = await shaped_call(
+    await shaped_call(
         store,
         session_id,
         script,
@@ -270,8 +260,6 @@ async def test_preemptive_generation(store: EventStore, session_id: str) -> None
         seconds=4.2,
         turn_handling={"preemptive_generation": {"enabled": True}},
     )
-    assert livekit_turns(session.history)[-1] == ("assistant", "Goodbye.")
-    assert calltape_turns(native) == livekit_turns(session.history)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -334,7 +322,7 @@ async def test_injected_greeting_instructions_and_typed_input(store: EventStore,
         ("user", "Table for two."),
         ("assistant", "Two it is."),
     ]
-    session, _, native, _ = await shaped_call(
+    _, _, native, _ = await shaped_call(
         store,
         session_id,
         script,
@@ -345,8 +333,6 @@ async def test_injected_greeting_instructions_and_typed_input(store: EventStore,
         lambda session, _: livekit_turns(session.history) == turns,
         seconds=5.0,
     )
-    assert livekit_turns(session.history) == turns
-    assert calltape_turns(native) == livekit_turns(session.history)
     # the nudge is an instruction for one generation, not a message of either context
     assert not any("Ask for the caller" in str(i.get("content")) for i in native["items"])
     assert native["clean"]
