@@ -1,8 +1,9 @@
 """Rebuilding a session after the fact from a platform's transcript (Bland, Vapi, Retell reports).
 
-Nothing in such a transcript says what was interrupted or what the user heard, so a reconstructed
-session is marked as such (``session.started.metadata.reconstructed = true``) and every assistant line
-is taken as fully heard. Event ids are derived from the call id and the line's position, so a report
+A reconstructed session is marked as such (``session.started.metadata.reconstructed = true``). An
+assistant line is taken as fully heard unless the platform says it was cut (``Turn.heard``: what the
+user heard before the barge-in); nothing else is guessed: no VAD edges, no speech timing beyond the
+lines' own times. Event ids are derived from the call id and the line's position, so a report
 delivered twice appends nothing the second time.
 """
 
@@ -12,13 +13,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from calltape.adapters.replies import EventCollector, ReplyTracker
 from calltape.events import Event
 
-__all__ = ["RECONSTRUCTED", "Turn", "is_reconstructed", "reconstruct"]
+__all__ = ["RECONSTRUCTED", "Turn", "is_reconstructed", "json_or_text", "reconstruct"]
 
 RECONSTRUCTED = "reconstructed"
 """The ``session.started.metadata`` key (value ``true``) of a session rebuilt from a report."""
+
+
+def json_or_text(value: Any) -> Any:
+    """A transcript's tool arguments or output: the JSON a string holds, else the string as it is
+    (platforms report tool results as text, usually JSON)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +48,9 @@ class Turn:
     output: Any = None
     error: bool = False
     note: str | None = None  # role "note": the extension event type suffix
+    heard: str | None = None
+    """Role "assistant": the line was interrupted and this is what the user heard of it (``text`` is
+    what was generated); None: the platform does not say it was cut."""
 
 
 def reconstruct(
@@ -80,18 +97,25 @@ def reconstruct(
     reply: str | None = None
     calls = 0
     after_result = False
+    cut: str | None = None  # the open reply was interrupted: what the user heard of it
 
     def close(at: int | None) -> None:
-        nonlocal reply
+        nonlocal reply, cut
         if reply is None:
             return
         tick(at)
         replies.done(reply)
         st = replies.state(reply)
-        if st is not None and st.generated:  # every line of such a transcript was heard in full
+        if cut is not None:  # the barge-in lands when the next line begins (the payload's own time)
+            if cut:
+                replies.speech_started(reply)
+            replies.interrupt(reply, cause="user_speech", heard=cut)
+            if cut:
+                replies.speech_ended(reply, interrupted=True, heard=cut)
+        elif st is not None and st.generated:  # every other line of such a transcript was heard in full
             replies.speech_started(reply)
             replies.speech_ended(reply)
-        reply = None
+        reply, cut = None, None
 
     def open_reply(at: int | None) -> str:
         nonlocal reply, calls, after_result
@@ -102,18 +126,23 @@ def reconstruct(
         return reply
 
     for t in turns:
+        if cut is not None:  # nothing more joins an interrupted reply
+            close(t.at_ms)
         if t.role == "user":
             close(t.at_ms)
             if t.text.strip():
                 add("user.transcript", {"text": t.text.strip(), "final": True}, t.at_ms)
         elif t.role == "assistant":
-            if not t.text.strip():
+            if not t.text.strip() and t.heard is None:
                 continue
             r = reply if reply is not None and not calls and not after_result else None
             r = r or open_reply(t.at_ms)
             st = replies.state(r)
+            before = st.generated if st is not None else ""
             tick(t.at_ms)
-            replies.text(r, (" " if st is not None and st.generated else "") + t.text.strip())
+            replies.text(r, (" " if before else "") + t.text.strip())
+            if t.heard is not None:
+                cut = " ".join(p for p in (before, t.heard.strip()) if p)
         elif t.role == "tool_call" and t.call:
             r = reply if reply is not None and not after_result else None
             r = r or open_reply(t.at_ms)

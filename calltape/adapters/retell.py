@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from calltape.adapters.reconstruct import Turn, reconstruct
+from calltape.adapters.reconstruct import Turn, json_or_text, reconstruct
 from calltape.adapters.replies import ReplyTracker
 from calltape.adapters.webhook_auth import sign_retell, verify_retell_signature
 from calltape.canonical_json import canonical_arguments, json_text
@@ -427,11 +427,7 @@ def retell_webhook_events(
                     )
                 )
             elif role == "tool_call_result":
-                raw = u.get("content")
-                try:
-                    output = orjson.loads(raw) if isinstance(raw, str) else raw
-                except orjson.JSONDecodeError:
-                    output = raw
+                output = json_or_text(u.get("content"))
                 turns.append(
                     Turn(
                         "tool_result",

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from calltape.adapters.reconstruct import Turn, reconstruct
+from calltape.adapters.reconstruct import Turn, json_or_text, reconstruct
 from calltape.adapters.replies import EventCollector, ReplyTracker
 from calltape.adapters.webhook_auth import verify_vapi_request
 from calltape.canonical_json import canonical_bytes, json_text
@@ -39,6 +39,7 @@ from calltape.runtime.toolspec import ToolSpec
 __all__ = [
     "VapiIngest",
     "VapiToolCall",
+    "end_of_call_report",
     "run_tool_calls",
     "tool_calls_of",
     "tool_results",
@@ -378,30 +379,26 @@ class VapiIngest:
         msg = _message(body)
         session = self.session_of(body)
         artifact = _obj(msg, "artifact")
+        messages = [m for m in artifact.get("messages") or [] if isinstance(m, Mapping)]
+        cut = _interrupted_lines(messages, _obj(artifact, "performanceMetrics").get("numAssistantInterrupted"))
         turns: list[Turn] = []
         started = _ms(msg.get("startedAt"))
-        for m in artifact.get("messages") or []:
-            if not isinstance(m, Mapping):
-                continue
+        for i, m in enumerate(messages):
             role = m.get("role")
             at = int(m["time"]) if isinstance(m.get("time"), (int, float)) else None
             if role == "user":
                 turns.append(Turn("user", str(m.get("message") or ""), at))
             elif role in ("bot", "assistant"):
-                turns.append(Turn("assistant", str(m.get("message") or ""), at))
+                # Vapi's bot lines are the transcript of what was spoken: a cut line was heard as it reads
+                text = str(m.get("message") or "")
+                turns.append(Turn("assistant", text, at, heard=text if i in cut else None))
             elif role == "tool_calls":
                 for tc in tool_calls_of({"toolCalls": m.get("toolCalls") or []}):
                     turns.append(Turn("tool_call", at_ms=at, call=tc.id, name=tc.name, arguments=tc.arguments))
             elif role == "tool_call_result" and m.get("toolCallId"):
-                raw = m.get("result")
-                try:
-                    output = orjson.loads(raw) if isinstance(raw, str) else raw
-                except orjson.JSONDecodeError:
-                    output = raw
+                output = json_or_text(m.get("result"))
                 turns.append(Turn("tool_result", at_ms=at, call=str(m["toolCallId"]), output=output))
-        system = next(
-            (str(m.get("message")) for m in artifact.get("messages") or [] if m.get("role") == "system"), None
-        )
+        system = next((str(m.get("message")) for m in messages if m.get("role") == "system"), None)
         call = _obj(msg, "call")
         events = reconstruct(
             session,
@@ -417,6 +414,53 @@ class VapiIngest:
         st = _CallState.over(session, fold_events(events, session), ended=True)
         self._remember(session, st)
         return events
+
+
+def _interrupted_lines(messages: Sequence[Mapping[str, Any]], count: Any) -> set[int]:
+    """The bot lines the report says were interrupted: Vapi gives only a count
+    (``performanceMetrics.numAssistantInterrupted``) and each line's time span, so a line counts when
+    the next line is the user's and began before the bot line ended. When more lines overlap than the
+    count, the longest overlaps are taken (a short one is more likely a backchannel or endpointing
+    jitter); with no count, or no overlap, nothing is marked."""
+    if not isinstance(count, (int, float)) or count < 1:
+        return set()
+    overlaps: list[tuple[float, int]] = []
+    for i, m in enumerate(messages):
+        end = m.get("endTime")
+        if m.get("role") not in ("bot", "assistant") or not isinstance(end, (int, float)):
+            continue
+        nxt = next((n for n in messages[i + 1 :] if n.get("role") != "system"), None)
+        begun = nxt.get("time") if nxt is not None else None
+        if nxt is not None and nxt.get("role") == "user" and isinstance(begun, (int, float)) and begun < end:
+            overlaps.append((end - begun, i))
+    overlaps.sort(key=lambda o: (-o[0], o[1]))
+    return {i for _, i in overlaps[: int(count)]}
+
+
+def end_of_call_report(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved Vapi payload as an end-of-call report body (``{"message": …}``).
+
+    Accepts the report as the server URL received it (``{"message": {...}}`` or the bare message) and the
+    call object (``GET /call/{id}``), whose ``artifact`` holds the same messages. Anything else raises
+    :class:`~calltape.errors.InvalidEvent` in one sentence."""
+    msg = payload.get("message", payload)
+    if isinstance(msg, Mapping) and msg.get("type") == "end-of-call-report":
+        call_id_of({"message": msg})
+        return {"message": dict(msg)}
+    if isinstance(msg, Mapping) and "type" in msg and "artifact" not in msg:
+        raise InvalidEvent(f"a Vapi server message of type '{msg.get('type')}' is not an end-of-call report")
+    cid = payload.get("id")
+    has_messages = isinstance(payload.get("artifact"), Mapping) or isinstance(payload.get("messages"), list)
+    if not isinstance(cid, str) or not cid or not has_messages:
+        raise InvalidEvent("not a Vapi end-of-call report or call object (no 'message.type' nor 'id' with 'artifact')")
+    artifact = dict(_obj(payload, "artifact"))
+    if not artifact.get("messages") and isinstance(payload.get("messages"), list):
+        artifact["messages"] = payload["messages"]
+    report: dict[str, Any] = {"type": "end-of-call-report", "call": {"id": cid}, "artifact": artifact}
+    for key in ("startedAt", "endedAt", "endedReason", "assistant"):
+        if payload.get(key) is not None:
+            report[key] = payload[key]
+    return {"message": report}
 
 
 def _obj(msg: Mapping[str, Any], key: str) -> Mapping[str, Any]:

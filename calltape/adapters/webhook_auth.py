@@ -1,4 +1,4 @@
-"""Every hosted platform's webhook authentication, in one place: Vapi, Retell, Bland.
+"""Every hosted platform's webhook authentication, in one place: Vapi, Retell, Bland, ElevenLabs, Ultravox.
 
 Each check runs on the raw request before anything is parsed, and answers a plain yes or no: a
 missing, malformed or foreign credential (non-ASCII bytes, a truncated digest, an odd encoding) is
@@ -16,10 +16,15 @@ import time
 from collections.abc import Mapping
 
 __all__ = [
+    "ELEVENLABS_TOLERANCE_S",
     "FIVE_MINUTES_MS",
+    "sign_elevenlabs",
     "sign_retell",
+    "sign_ultravox",
     "verify_bland_signature",
+    "verify_elevenlabs_signature",
     "verify_retell_signature",
+    "verify_ultravox_signature",
     "verify_vapi_request",
 ]
 
@@ -117,3 +122,90 @@ def verify_bland_signature(body: bytes, secret: str, signature: str | bytes | No
         return False
     expected = hmac.new(_secret(secret), body, hashlib.sha256).hexdigest().encode()
     return _same(expected, given)
+
+
+ELEVENLABS_TOLERANCE_S = 30 * 60
+"""How old an ``ElevenLabs-Signature`` timestamp may be (the tolerance of the SDK's ``construct_event``)."""
+
+_CLOCK_SKEW_S = 5 * 60
+"""How far in the future a signed timestamp may be (the sender's clock running ahead)."""
+
+
+def sign_elevenlabs(body: bytes | str, secret: str, timestamp_s: int | None = None) -> str:
+    """The ``ElevenLabs-Signature`` ElevenLabs would send (for tests and local replays)."""
+    ts = int(time.time()) if timestamp_s is None else timestamp_s
+    raw = body.encode() if isinstance(body, str) else body
+    digest = hmac.new(_secret(secret), str(ts).encode() + b"." + raw, hashlib.sha256).hexdigest()
+    return f"t={ts},v0={digest}"
+
+
+def verify_elevenlabs_signature(
+    body: bytes,
+    secret: str,
+    signature: str | bytes | None,
+    *,
+    now_s: int | None = None,
+    tolerance_s: int = ELEVENLABS_TOLERANCE_S,
+) -> bool:
+    """Checks ``ElevenLabs-Signature: t=<unix s>,v0=<hex>``: HMAC-SHA256 over ``"<t>.<body>"`` with the
+    webhook secret (the scheme of the SDK's ``construct_event``), ``t`` at most ``tolerance_s`` old."""
+    ts: int | None = None
+    digests: list[bytes] = []
+    for part in header_bytes(signature).split(b","):
+        key, _, value = part.strip().partition(b"=")
+        if key == b"t" and value.isdigit() and len(value) <= 12:
+            ts = int(value)
+        elif key == b"v0":
+            digests.append(value.lower())
+    if ts is None or not digests:
+        return False
+    now = int(time.time()) if now_s is None else now_s
+    if ts < now - tolerance_s or ts > now + _CLOCK_SKEW_S:
+        return False
+    expected = hmac.new(_secret(secret), str(ts).encode() + b"." + body, hashlib.sha256).hexdigest().encode()
+    return any(_same(expected, d) for d in digests)
+
+
+def _iso_seconds(value: bytes) -> float | None:
+    """An RFC 3339 / ISO 8601 timestamp header as Unix seconds (naive means UTC); None when unreadable."""
+    from datetime import UTC, datetime
+
+    try:
+        parsed = datetime.fromisoformat(value.decode("ascii").strip().replace("Z", "+00:00"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def sign_ultravox(body: bytes | str, secret: str, timestamp: str | None = None) -> tuple[str, str]:
+    """The ``(X-Ultravox-Webhook-Timestamp, X-Ultravox-Webhook-Signature)`` pair Ultravox would send."""
+    from datetime import UTC, datetime
+
+    ts = timestamp if timestamp is not None else datetime.now(UTC).isoformat()
+    raw = body.encode() if isinstance(body, str) else body
+    return ts, hmac.new(_secret(secret), raw + ts.encode(), hashlib.sha256).hexdigest()
+
+
+def verify_ultravox_signature(
+    body: bytes,
+    secret: str,
+    signature: str | bytes | None,
+    timestamp: str | bytes | None,
+    *,
+    now_s: float | None = None,
+    tolerance_s: float = FIVE_MINUTES_MS / 1000,
+) -> bool:
+    """Checks Ultravox's webhook signature: ``X-Ultravox-Webhook-Signature`` holds one or more
+    comma-separated hex HMAC-SHA256 digests (several while a secret is rotated) of the raw body followed
+    by the ``X-Ultravox-Webhook-Timestamp`` value, which must be within ``tolerance_s`` of now."""
+    ts = header_bytes(timestamp).strip()
+    when = _iso_seconds(ts) if ts else None
+    if when is None:
+        return False
+    now = time.time() if now_s is None else now_s
+    if when < now - tolerance_s or when > now + _CLOCK_SKEW_S:
+        return False
+    expected = hmac.new(_secret(secret), body + ts, hashlib.sha256).hexdigest().encode()
+    return any(_same(expected, d.strip().lower()) for d in header_bytes(signature).split(b","))

@@ -248,8 +248,21 @@ def import_events(
             help="Import events without an epoch even into a session resumed since (not fenced).",
         ),
     ] = False,
+    platform: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            metavar="FORMAT",
+            help="jsonl (calltape events), or a hosted platform's saved post-call payload, one JSON document a "
+            'file: vapi, retell, bland, elevenlabs, ultravox ({"call": …, "messages": …}).',
+        ),
+    ] = "jsonl",
 ) -> None:
     """Append events from JSONL files (plain or gzip) to the log, all or nothing.
+
+    With --format vapi|retell|bland|elevenlabs|ultravox each file is a platform's saved post-call
+    payload (its end-of-call report or call object), converted into one session per call: what the
+    payload does not say (VAD edges, exact timing) is left out. Importing it again adds nothing.
 
     Events without an epoch are fenced like a writer of epoch 1 (raised by a session.resumed in the
     same import): once a session has been resumed, an old export or a late spill file cannot write
@@ -266,6 +279,11 @@ def import_events(
     from calltape.eventstore.bulk import bulk_import
 
     sources = open_sources(files)
+    if platform != "jsonl":
+        from calltape.cli.postcall import import_postcall
+
+        import_postcall(ctx, sources, platform, json_out=json_out, allow_after_resume=allow_after_resume)
+        return
     problems = Problems()
     known_size = all(s.size is not None for s in sources)
     total_bytes = sum(s.size or 0 for s in sources) if known_size else None
