@@ -19,6 +19,7 @@ EXTRAS: Final[dict[str, str]] = {
     "livekit": "the LiveKit Agents adapter",
     "realtime": "the OpenAI Realtime adapter",
     "serve": "the webhook receiver (calltape serve)",
+    "ultravox": "fetching Ultravox call messages (calltape serve's /ultravox with an API key)",
     "otel": "OpenTelemetry export",
 }
 """Each pip extra and what it enables."""

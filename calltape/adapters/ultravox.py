@@ -20,7 +20,7 @@ and for ``calltape import --format ultravox``, so either may come first and the 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +32,8 @@ from calltape.events import Event, make_event, parse_time
 
 __all__ = [
     "DROPPED_REASONS",
+    "MessageSource",
+    "api_messages",
     "initial_messages",
     "messages_of",
     "resume_call_body",
@@ -49,6 +51,15 @@ DROPPED_REASONS = frozenset({"connection_error", "system_error"})
 
 RESUMED_FROM = "calltape_resumed_from"
 """The Ultravox call ``metadata`` key naming the calltape session a new call resumes."""
+
+API_BASE = "https://api.ultravox.ai/api"
+"""Where :func:`api_messages` reads a call's messages."""
+
+MAX_PAGES = 100
+"""Pages of messages :func:`api_messages` reads at most (a call of thousands of messages)."""
+
+MessageSource = Callable[[str], Awaitable[Sequence[Mapping[str, Any]]]]
+"""Where the receiver gets a call's messages at ``call.ended``: ``async (call_id) -> messages``."""
 
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)s")
 
@@ -197,6 +208,33 @@ def ultravox_webhook_events(
         closing = [e for e in _events(call, [], sid) if e.id == _end_id(sid)]
         return [*opening, *closing]
     return []  # call.billed and future events: nothing the log records
+
+
+def api_messages(api_key: str, *, base_url: str = API_BASE, timeout: float = 10.0) -> MessageSource:
+    """A :data:`MessageSource` over Ultravox's REST API (``GET /calls/{id}/messages``, every page),
+    authenticated with ``X-API-Key``. Needs the ``ultravox`` extra (httpx)."""
+    from calltape.extras import requires_extra
+
+    with requires_extra("ultravox", "fetching an Ultravox call's messages"):
+        import httpx
+
+    async def fetch(call_id: str) -> list[Mapping[str, Any]]:
+        messages: list[Mapping[str, Any]] = []
+        url: str | None = f"{base_url.rstrip('/')}/calls/{call_id}/messages"
+        params: dict[str, Any] | None = {"pageSize": 200}
+        async with httpx.AsyncClient(headers={"X-API-Key": api_key}, timeout=timeout) as client:
+            for _ in range(MAX_PAGES):
+                if url is None:
+                    break
+                response = await client.get(url, params=params)
+                response.raise_for_status()
+                page = response.json()
+                messages.extend(messages_of(page))
+                url = page.get("next") if isinstance(page, Mapping) else None
+                params = None  # the next link carries its own cursor
+        return messages
+
+    return fetch
 
 
 # ---------------------------------------------------------------------------------------------

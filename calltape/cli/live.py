@@ -386,12 +386,14 @@ def serve(
         ),
     ] = "info",
 ) -> None:
-    """Receive Vapi, Retell and Bland webhooks and record the calls (POST /vapi, /retell, /bland);
-    GET /metrics gives the voice latency figures of every call in the store, from the server's start,
-    as Prometheus histograms.
+    """Receive Vapi, Retell, Bland, ElevenLabs and Ultravox webhooks and record the calls (POST /vapi,
+    /retell, /bland, /elevenlabs, /ultravox); GET /metrics gives the voice latency figures of every
+    call in the store, from the server's start, as Prometheus histograms.
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
-    CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET.
+    CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET,
+    CALLTAPE_ELEVENLABS_SECRET, CALLTAPE_ULTRAVOX_SECRET (and CALLTAPE_ULTRAVOX_API_KEY to fetch an
+    ended call's messages).
     Any call's timeline picture is at GET /sessions/ID/timeline (list: GET /sessions) for requests
     that carry CALLTAPE_VIEWER_TOKEN (bearer, or basic-auth password); closed without it, open with
     --allow-unsigned. Webhooks of a call that was resumed since (`calltape resume`) are refused with

@@ -4,7 +4,8 @@ Every request is authenticated before its body is parsed, bounded in size, and v
 before anything is written: a bad request gets a one-sentence 4xx and leaves the log untouched. Event ids
 are derived from the payloads, so the platforms' retries are harmless (appending a known id is a no-op).
 
-Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``GET /healthz``, ``GET /metrics`` (the voice
+Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``POST /elevenlabs`` (the post-call
+transcription webhook), ``POST /ultravox`` (the call webhooks), ``GET /healthz``, ``GET /metrics`` (the voice
 latency figures for Prometheus, :mod:`calltape.server.metrics`), the timeline pictures
 (``GET /sessions``, ``GET /sessions/{id}/timeline``, see :mod:`calltape.server.timeline_view`), and,
 when the application brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
@@ -29,10 +30,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from calltape.adapters.bland import bland_events, parse_bland
+from calltape.adapters.elevenlabs import conversation_of, elevenlabs_events
 from calltape.adapters.reconstruct import is_reconstructed
 from calltape.adapters.retell import retell_session, retell_webhook_events
+from calltape.adapters.ultravox import MessageSource, api_messages, ultravox_webhook_events
 from calltape.adapters.vapi import VapiIngest
-from calltape.adapters.webhook_auth import verify_bland_signature, verify_retell_signature, verify_vapi_request
+from calltape.adapters.webhook_auth import (
+    verify_bland_signature,
+    verify_elevenlabs_signature,
+    verify_retell_signature,
+    verify_ultravox_signature,
+    verify_vapi_request,
+)
 from calltape.errors import CalltapeError, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.projections import build_context
@@ -68,6 +77,17 @@ class ReceiverConfig:
     """The Retell API key with the webhook badge (``X-Retell-Signature``)."""
     bland_secret: str | None = None
     """Bland's webhook signing secret (``X-Webhook-Signature``)."""
+    elevenlabs_secret: str | None = None
+    """The ElevenLabs post-call webhook's HMAC secret (``ElevenLabs-Signature: t=…,v0=…``)."""
+    ultravox_secret: str | None = None
+    """The Ultravox webhook's secret (``X-Ultravox-Webhook-Signature`` over the body and
+    ``X-Ultravox-Webhook-Timestamp``)."""
+    ultravox_api_key: str | None = None
+    """An Ultravox API key: at ``call.ended`` the receiver fetches the call's messages with it
+    (``GET /api/calls/{id}/messages``), so the transcript and tool calls land with the end."""
+    ultravox_messages: MessageSource | None = None
+    """The application's own source of a call's messages (``async (call_id) -> list``), used instead
+    of the API key; without either, ``call.ended`` only closes the call."""
     max_body_bytes: int = DEFAULT_MAX_BODY
     """Largest webhook body, and largest Retell custom-LLM frame."""
     allow_unsigned: bool = False
@@ -208,12 +228,21 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             response["results"] = []
         return response
 
+    def authenticate(platform: str, secret: str | None, verify: Callable[[str], bool], what: str) -> None:
+        """Refuses the request unless the platform's secret is configured (or unsigned is allowed)
+        and ``verify(secret)`` accepts the request's signature."""
+        configured(platform, secret)
+        if secret is not None and not verify(secret):
+            raise _Reject(401, f"the {what}")
+
     async def retell_route(body: bytes, request: Request) -> dict[str, Any]:
-        configured("Retell", cfg.retell_api_key)
-        if cfg.retell_api_key is not None and not verify_retell_signature(
-            body, cfg.retell_api_key, request.headers.get("x-retell-signature")
-        ):
-            raise _Reject(401, "the X-Retell-Signature header does not match the body")
+        signature = request.headers.get("x-retell-signature")
+        authenticate(
+            "Retell",
+            cfg.retell_api_key,
+            lambda key: verify_retell_signature(body, key, signature),
+            "X-Retell-Signature header does not match the body",
+        )
         payload = _json_object(body)
         session = _session(retell_session(payload, cfg.session_prefix))
         async with locks[session]:
@@ -224,22 +253,72 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             events = retell_webhook_events(payload, session=session, started=started, live=live)
             return {"appended": await append(events)}
 
-    async def bland_route(body: bytes, request: Request) -> dict[str, Any]:
-        configured("Bland", cfg.bland_secret)
-        if cfg.bland_secret is not None and not verify_bland_signature(
-            body, cfg.bland_secret, request.headers.get("x-webhook-signature")
-        ):
-            raise _Reject(401, "the X-Webhook-Signature header does not match the body")
-        call = parse_bland(_json_object(body))
-        session = _session(cfg.session_prefix + call.call_id)
+    async def post_call(session: str, events: list[Event]) -> dict[str, Any]:
+        """A whole call reported after it ended: written once; a call recorded live is only closed."""
         async with locks[session]:
             existing = await store.read(session, limit=1)
-            events = bland_events(call, session=session)
             if existing and not is_reconstructed(existing[0]):
-                # recorded live already: the report only closes the session
                 info = await store.session_info(session)
                 ended = [e for e in events if e.type == "session.ended"]
                 events = ended if info is not None and info.status == "active" else []
+            return {"appended": await append(events)}
+
+    async def bland_route(body: bytes, request: Request) -> dict[str, Any]:
+        signature = request.headers.get("x-webhook-signature")
+        authenticate(
+            "Bland",
+            cfg.bland_secret,
+            lambda secret: verify_bland_signature(body, secret, signature),
+            "X-Webhook-Signature header does not match the body",
+        )
+        call = parse_bland(_json_object(body))
+        session = _session(cfg.session_prefix + call.call_id)
+        return await post_call(session, bland_events(call, session=session))
+
+    async def elevenlabs_route(body: bytes, request: Request) -> dict[str, Any]:
+        signature = request.headers.get("elevenlabs-signature")
+        authenticate(
+            "ElevenLabs",
+            cfg.elevenlabs_secret,
+            lambda secret: verify_elevenlabs_signature(body, secret, signature),
+            "ElevenLabs-Signature header does not match the body, or is too old",
+        )
+        payload = _json_object(body)
+        if payload.get("type") != "post_call_transcription":
+            return {"appended": 0}  # post_call_audio, call_initiation_failure: nothing the log records
+        session = _session(cfg.session_prefix + str(conversation_of(payload)["conversation_id"]))
+        return await post_call(session, elevenlabs_events(payload, session=session))
+
+    ultravox_source: MessageSource | None = cfg.ultravox_messages
+    if ultravox_source is None and cfg.ultravox_api_key is not None:
+        ultravox_source = api_messages(cfg.ultravox_api_key)
+
+    async def ultravox_route(body: bytes, request: Request) -> dict[str, Any]:
+        signature = request.headers.get("x-ultravox-webhook-signature")
+        stamp = request.headers.get("x-ultravox-webhook-timestamp")
+        authenticate(
+            "Ultravox",
+            cfg.ultravox_secret,
+            lambda secret: verify_ultravox_signature(body, secret, signature, stamp),
+            "X-Ultravox-Webhook-Signature header does not match the body, or is too old",
+        )
+        payload = _json_object(body)
+        call = payload.get("call")
+        if not isinstance(call, dict) or not isinstance(call.get("callId"), str) or not call["callId"]:
+            raise _Reject(400, "an Ultravox webhook needs 'event' and 'call.callId'")
+        session = _session(cfg.session_prefix + call["callId"])
+        messages = None
+        if payload.get("event") == "call.ended" and ultravox_source is not None:
+            try:
+                messages = list(await ultravox_source(call["callId"]))
+            except Exception as exc:  # Ultravox retries the webhook; nothing is written meanwhile
+                log.warning("could not fetch the messages of an Ultravox call: %s", type(exc).__name__)
+                raise _Reject(503, "the call's messages could not be fetched from Ultravox; retry later") from None
+        async with locks[session]:
+            existing = await store.read(session, limit=1)
+            if existing and not is_reconstructed(existing[0]):
+                return {"appended": 0}  # recorded live by calltape: the live log says more
+            events = ultravox_webhook_events(payload, session=session, started=bool(existing), messages=messages)
             return {"appended": await append(events)}
 
     def endpoint(
@@ -272,6 +351,8 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         Route("/vapi", endpoint(vapi_route), methods=["POST"]),
         Route("/retell", endpoint(retell_route), methods=["POST"]),
         Route("/bland", endpoint(bland_route), methods=["POST"]),
+        Route("/elevenlabs", endpoint(elevenlabs_route), methods=["POST"]),
+        Route("/ultravox", endpoint(ultravox_route), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
     routes.extend(viewer_routes(store, token=cfg.viewer_token, open_=cfg.allow_unsigned))
@@ -356,6 +437,9 @@ def run_server(
         ("vapi_hmac_secret", "CALLTAPE_VAPI_HMAC_SECRET"),
         ("retell_api_key", "CALLTAPE_RETELL_API_KEY"),
         ("bland_secret", "CALLTAPE_BLAND_SECRET"),
+        ("elevenlabs_secret", "CALLTAPE_ELEVENLABS_SECRET"),
+        ("ultravox_secret", "CALLTAPE_ULTRAVOX_SECRET"),
+        ("ultravox_api_key", "CALLTAPE_ULTRAVOX_API_KEY"),
         ("viewer_token", "CALLTAPE_VIEWER_TOKEN"),
     ):
         if options.get(field_name) is None and env.get(var):
