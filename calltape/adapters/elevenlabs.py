@@ -101,8 +101,10 @@ def elevenlabs_events(payload: Mapping[str, Any], *, session: str | None = None)
                 if not isinstance(tc, Mapping) or not tc.get("request_id"):
                     raise InvalidEvent("an ElevenLabs tool call needs a 'request_id'")
                 args = json_or_text(tc.get("params_as_json")) if tc.get("params_as_json") else {}
+                ran = tc.get("tool_has_been_called") is True
+                call = str(tc["request_id"])
                 turns.append(
-                    Turn("tool_call", at_ms=when, call=str(tc["request_id"]), name=tc.get("tool_name"), arguments=args)
+                    Turn("tool_call", at_ms=when, call=call, name=tc.get("tool_name"), arguments=args, started=ran)
                 )
             for tr in line.get("tool_results") or []:
                 if not isinstance(tr, Mapping) or not tr.get("request_id"):

@@ -48,6 +48,9 @@ class Turn:
     output: Any = None
     error: bool = False
     note: str | None = None  # role "note": the extension event type suffix
+    started: bool = False
+    """Role "tool_call": the platform says it ran the tool (a hosted platform executes its own tools),
+    so the call gets ``tool.started`` at the same time: a resume then treats it as possibly done."""
     heard: str | None = None
     """Role "assistant": the line was interrupted and this is what the user heard of it (``text`` is
     what was generated); None: the platform does not say it was cut."""
@@ -148,6 +151,8 @@ def reconstruct(
             r = r or open_reply(t.at_ms)
             args = t.arguments if t.arguments is not None else {}
             add("tool.call", {"call": t.call, "name": t.name or "tool", "arguments": args, "reply": r}, t.at_ms)
+            if t.started:
+                add("tool.started", {"call": t.call}, t.at_ms)
             calls += 1
         elif t.role == "tool_result" and t.call:
             data: dict[str, Any] = {"call": t.call, "output": t.output}

@@ -26,9 +26,9 @@ from typing import Any
 
 from calltape.adapters.reconstruct import Turn, json_or_text, reconstruct
 from calltape.adapters.webhook_auth import sign_ultravox, verify_ultravox_signature
-from calltape.canonical_json import json_text
 from calltape.errors import InvalidEvent
 from calltape.events import Event, make_event, parse_time
+from calltape.projections.formats import to_ultravox
 
 __all__ = [
     "DROPPED_REASONS",
@@ -129,7 +129,9 @@ def _turns(call: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> li
                 raise InvalidEvent("an Ultravox tool message needs an 'invocationId'")
             if role == "MESSAGE_ROLE_TOOL_CALL":
                 args = json_or_text(text) if text.strip() else {}
-                turns.append(Turn("tool_call", at_ms=at, call=invocation, name=m.get("toolName"), arguments=args))
+                # Ultravox invokes its tools itself: the message is the invocation
+                name = m.get("toolName")
+                turns.append(Turn("tool_call", at_ms=at, call=invocation, name=name, arguments=args, started=True))
             else:
                 error = bool(m.get("errorDetails"))
                 turns.append(Turn("tool_result", at_ms=at, call=invocation, output=json_or_text(text), error=error))
@@ -240,41 +242,14 @@ def api_messages(api_key: str, *, base_url: str = API_BASE, timeout: float = 10.
 # ---------------------------------------------------------------------------------------------
 # Resume: a new Ultravox call seeded from calltape's context.
 
-_ROLES = {"user": "MESSAGE_ROLE_USER", "assistant": "MESSAGE_ROLE_AGENT"}
 
-
-def initial_messages(native: Mapping[str, Any], *, medium: str = "MESSAGE_MEDIUM_VOICE") -> list[dict[str, Any]]:
+def initial_messages(native: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Ultravox ``initialMessages`` from a calltape ``native`` context (``calltape context`` or a resume
-    plan's): what the caller heard (an interrupted reply as far as it was heard), every tool call with
-    its settled output under the same ``invocationId`` (a result, or calltape's ``{"status": …}`` for a
-    call that timed out, was cancelled, or whose outcome is unknown). The system message is not a
-    message in Ultravox: it is the new call's ``systemPrompt`` (:func:`resume_call_body`)."""
-    out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
-    for item in native.get("items") or []:
-        kind = item.get("type")
-        if kind == "message" and item.get("role") in _ROLES and item.get("content"):
-            out.append({"role": _ROLES[item["role"]], "text": item["content"], "medium": medium})
-        elif kind == "function_call":
-            names[item["call_id"]] = item["name"]
-            out.append(
-                {
-                    "role": "MESSAGE_ROLE_TOOL_CALL",
-                    "text": item["arguments"],
-                    "toolName": item["name"],
-                    "invocationId": item["call_id"],
-                }
-            )
-        elif kind == "function_call_output":
-            message: dict[str, Any] = {
-                "role": "MESSAGE_ROLE_TOOL_RESULT",
-                "text": json_text(item.get("output")),
-                "invocationId": item["call_id"],
-            }
-            if item["call_id"] in names:
-                message["toolName"] = names[item["call_id"]]
-            out.append(message)
-    return out
+    plan's; also ``--format ultravox``): what the caller heard (an interrupted reply as far as it was
+    heard), every tool call with its settled output under the same ``invocationId`` (a result, or
+    calltape's ``{"status": …}`` for a call that timed out, was cancelled, or whose outcome is unknown).
+    The system message is the new call's ``systemPrompt`` instead (:func:`resume_call_body`)."""
+    return to_ultravox(dict(native))
 
 
 def resume_call_body(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calltape.projections.formats import to_anthropic, to_openai, to_realtime
+from calltape.projections.formats import to_anthropic, to_openai, to_realtime, to_ultravox
 
 
 def native_problems(native: dict[str, Any]) -> list[str]:
@@ -122,6 +122,21 @@ def realtime_problems(events: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def ultravox_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """What Ultravox would refuse in ``initialMessages``: a tool result without its call before it, or
+    text that is not a string."""
+    problems: list[str] = []
+    calls: set[str] = set()
+    for message in messages:
+        if not isinstance(message.get("text"), str):
+            problems.append("ultravox: a message whose text is not a string")
+        if message.get("role") == "MESSAGE_ROLE_TOOL_CALL":
+            calls.add(message.get("invocationId", ""))
+        elif message.get("role") == "MESSAGE_ROLE_TOOL_RESULT" and message.get("invocationId") not in calls:
+            problems.append("ultravox: a tool result before (or without) its tool call")
+    return problems
+
+
 def context_problems(native: dict[str, Any]) -> list[str]:
     """Every section 2 invariant of one context and of its provider formats."""
     problems = native_problems(native)
@@ -129,6 +144,7 @@ def context_problems(native: dict[str, Any]) -> list[str]:
         problems += openai_problems(to_openai(native))
         problems += anthropic_problems(to_anthropic(native))
         problems += realtime_problems(to_realtime(native))
+        problems += ultravox_problems(to_ultravox(native))
     except Exception as exc:  # a format that cannot even be built is the worst violation
         problems.append(f"a provider format could not be built ({type(exc).__name__})")
     return problems

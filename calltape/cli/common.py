@@ -242,7 +242,7 @@ def compact_json(value: Any, limit: int = 80) -> str:
 # ---------------------------------------------------------------------------------------------
 # Shared option definitions.
 
-FORMAT_HELP = "Context format: native, openai, anthropic or realtime."
+FORMAT_HELP = "Context format: native, openai, anthropic, realtime or ultravox (initialMessages)."
 
 
 def format_names() -> list[str]:

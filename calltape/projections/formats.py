@@ -17,6 +17,10 @@ plan's context the same way. Decisions beyond SPEC section 2:
   combines consecutive ones, it does not require a user turn first; inventing user text would put
   words in the caller's mouth. An empty context gives ``messages: []``: the caller adds the turn
   it is about to send.
+* **ultravox**: Ultravox's ``initialMessages`` for a new call (``POST /api/calls``): user and agent
+  text as ``MESSAGE_ROLE_USER`` / ``MESSAGE_ROLE_AGENT`` (voice medium), each call as
+  ``MESSAGE_ROLE_TOOL_CALL`` (``text``: the arguments) and its output as ``MESSAGE_ROLE_TOOL_RESULT``
+  under the same ``invocationId``. The system prompt is the call's ``systemPrompt``, not a message.
 """
 
 from __future__ import annotations
@@ -191,7 +195,39 @@ def to_realtime(native: Native) -> list[dict[str, Any]]:
     return events
 
 
-ContextFormat = Literal["native", "openai", "anthropic", "realtime"]
+_ULTRAVOX_ROLES: Final = {"user": "MESSAGE_ROLE_USER", "assistant": "MESSAGE_ROLE_AGENT"}
+
+
+def to_ultravox(native: Native) -> list[dict[str, Any]]:
+    """Ultravox ``initialMessages`` that seed a new call with this context."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for item in native["items"]:
+        kind = item["type"]
+        if kind == "message" and item["role"] in _ULTRAVOX_ROLES and item["content"]:
+            out.append(
+                {"role": _ULTRAVOX_ROLES[item["role"]], "text": item["content"], "medium": "MESSAGE_MEDIUM_VOICE"}
+            )
+        elif kind == "function_call":
+            names[item["call_id"]] = item["name"]
+            out.append(
+                {
+                    "role": "MESSAGE_ROLE_TOOL_CALL",
+                    "text": item["arguments"],
+                    "toolName": item["name"],
+                    "invocationId": item["call_id"],
+                }
+            )
+        elif kind == "function_call_output":
+            call_id = item["call_id"]
+            message = {"role": "MESSAGE_ROLE_TOOL_RESULT", "text": output_text(item["output"]), "invocationId": call_id}
+            if call_id in names:
+                message["toolName"] = names[call_id]
+            out.append(message)
+    return out
+
+
+ContextFormat = Literal["native", "openai", "anthropic", "realtime", "ultravox"]
 """The names :func:`render` accepts (a test keeps this in step with :data:`FORMATS`)."""
 
 FORMATS: Final[dict[str, Callable[[Native], Any]]] = {
@@ -199,6 +235,7 @@ FORMATS: Final[dict[str, Callable[[Native], Any]]] = {
     "openai": to_openai,
     "anthropic": to_anthropic,
     "realtime": to_realtime,
+    "ultravox": to_ultravox,
 }
 
 

@@ -115,3 +115,23 @@ def test_a_call_recorded_live_is_left_alone(cli: Cli, tmp_path: Path) -> None:
     assert result.json()["recorded_live"] == [sid] and result.json()["imported"] == 0
     assert "recorded that call live" in result.err
     assert len(cli("export", sid).lines()) == 1
+
+
+def test_a_dropped_ultravox_call_is_resumed_with_its_initial_messages(cli: Cli, tmp_path: Path) -> None:
+    sid = f"uv-{uuid.uuid4().hex[:8]}"
+    assert cli("import", "--format", "ultravox", str(saved(tmp_path, "ultravox", sid))).code == 0
+    dropped = cli("check", sid, "--json")
+    assert dropped.code == 1 and [v["rule"] for v in dropped.json()] == ["unsettled-drop"], dropped
+    plan = cli("resume", sid, "--agent", "bistro-2", "--format", "ultravox")
+    assert plan.code == 0, plan
+    seeded = plan.json()["context"]
+    assert seeded[-1] == {
+        "role": "MESSAGE_ROLE_TOOL_RESULT",
+        "text": '{"status":"unknown"}',
+        "invocationId": "uv-inv-2",
+        "toolName": "send_reminder",
+    }
+    context, after = cli.many(["context", sid, "--format", "ultravox"], ["check", sid, "--json"])
+    assert context.json() == seeded  # what the new Ultravox call is seeded with is calltape's context
+    rules = {v["rule"] for v in after.json()}
+    assert not rules & {"unsettled-drop", "orphan-call"}, after

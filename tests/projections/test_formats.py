@@ -135,3 +135,29 @@ def test_render_by_name() -> None:
     assert conversation().fold().render("anthropic") == to_anthropic(native)
     with pytest.raises(UnknownFormat, match="unknown context format 'gemini'"):
         render(native, "gemini")
+
+
+def test_ultravox_initial_messages() -> None:
+    native = conversation().native()
+    voice = "MESSAGE_MEDIUM_VOICE"
+    assert render(native, "ultravox") == [
+        {"role": "MESSAGE_ROLE_AGENT", "text": "Hi, how can I help?", "medium": voice},
+        {"role": "MESSAGE_ROLE_USER", "text": "a table for two", "medium": voice},
+        {"role": "MESSAGE_ROLE_AGENT", "text": "Let me check. ", "medium": voice},
+        {"role": "MESSAGE_ROLE_TOOL_CALL", "text": '{"people":2}', "toolName": "availability", "invocationId": "c1"},
+        {"role": "MESSAGE_ROLE_TOOL_CALL", "text": "[1, 2]", "toolName": "weather", "invocationId": "c2"},
+        {
+            "role": "MESSAGE_ROLE_TOOL_RESULT",
+            "text": '{"slots":["19:00"]}',
+            "invocationId": "c1",
+            "toolName": "availability",
+        },
+        {
+            "role": "MESSAGE_ROLE_TOOL_RESULT",
+            "text": '{"status":"timeout"}',
+            "invocationId": "c2",
+            "toolName": "weather",
+        },
+        {"role": "MESSAGE_ROLE_AGENT", "text": "Bob here: 19:00 works.", "medium": voice},
+        {"role": "MESSAGE_ROLE_USER", "text": "great", "medium": voice},
+    ]
