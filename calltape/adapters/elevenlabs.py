@@ -66,8 +66,8 @@ def elevenlabs_events(payload: Mapping[str, Any], *, session: str | None = None)
     Event ids derive from the conversation id and each line's position, so the same payload imported
     or delivered again adds nothing."""
     conv = conversation_of(payload)
-    meta = conv.get("metadata") if isinstance(conv.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    raw_meta = conv.get("metadata")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     start_s = _int(meta.get("start_time_unix_secs"))
     start_ms = start_s * 1000 if start_s is not None else None
     duration = _int(meta.get("call_duration_secs"))
