@@ -15,13 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from elevenlabs.types import (
-    ConversationHistoryMetadataCommonModel,
-    ConversationHistoryTranscriptOtherToolsResultCommonModel,
-    ConversationHistoryTranscriptResponseModel,
-    ConversationHistoryTranscriptToolCallCommonModelOutput,
-    GetConversationResponseModel,
-)
+import elevenlabs.types as el
 from retell.types import PhoneCallResponse
 from vapi.types import (
     Analysis,
@@ -182,13 +176,26 @@ EL_HEARD = "You're booked for two at eight, confirmation B K"
 EL_GENERATED = "You're booked for two at eight, confirmation B K 42. Anything else?"
 
 
-def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> GetConversationResponseModel:
-    def line(
-        role: str, secs: int, message: str | None = None, **extra: Any
-    ) -> ConversationHistoryTranscriptResponseModel:
-        return ConversationHistoryTranscriptResponseModel(role=role, time_in_call_secs=secs, message=message, **extra)
+# The SDK renamed its transcript types over its 2.x releases (the wire format stayed): the oldest supported
+# release (the dev extra's lower bound) and the newest both build the payload.
+_Line = el.ConversationHistoryTranscriptCommonModelOutput
+_ToolCall = (
+    getattr(el, "ConversationHistoryTranscriptToolCallCommonModelOutput", None)
+    or el.ConversationHistoryTranscriptToolCallCommonModel
+)
+_ToolResult = (
+    getattr(el, "ConversationHistoryTranscriptOtherToolsResultCommonModel", None)
+    or el.ConversationHistoryTranscriptToolResultCommonModel
+)
 
-    return GetConversationResponseModel(
+
+def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> el.GetConversationResponseModel:
+    def line(role: str, secs: int, message: str | None = None, **extra: Any) -> dict[str, Any]:
+        model = _Line(role=role, time_in_call_secs=secs, message=message, **extra)
+        dumped: dict[str, Any] = json.loads(model.json(exclude_none=True))
+        return dumped
+
+    return el.GetConversationResponseModel(
         agent_id="agent_bistro",
         agent_name="bistro",
         conversation_id=conversation_id,
@@ -197,7 +204,7 @@ def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> G
         has_user_audio=True,
         has_response_audio=True,
         has_auxiliary_audio=False,
-        metadata=ConversationHistoryMetadataCommonModel(
+        metadata=el.ConversationHistoryMetadataCommonModel(
             start_time_unix_secs=T0_S, call_duration_secs=15, termination_reason="Call ended by remote party"
         ),
         transcript=[
@@ -207,7 +214,7 @@ def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> G
                 "agent",
                 5,
                 tool_calls=[
-                    ConversationHistoryTranscriptToolCallCommonModelOutput(
+                    _ToolCall(
                         request_id="el-tool-1",
                         tool_name="book_table",
                         params_as_json='{"people": 2, "time": "20:00"}',
@@ -219,7 +226,7 @@ def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> G
                 "agent",
                 6,
                 tool_results=[
-                    ConversationHistoryTranscriptOtherToolsResultCommonModel(
+                    _ToolResult(
                         request_id="el-tool-1",
                         tool_name="book_table",
                         result_value='{"confirmation": "BK-42"}',
@@ -234,7 +241,7 @@ def elevenlabs_conversation(conversation_id: str = ELEVENLABS_CONVERSATION) -> G
                 "agent",
                 10,
                 tool_calls=[
-                    ConversationHistoryTranscriptToolCallCommonModelOutput(
+                    _ToolCall(
                         request_id="el-tool-2",
                         tool_name="update_booking",
                         params_as_json='{"people": 3}',
