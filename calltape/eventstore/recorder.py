@@ -138,6 +138,10 @@ class Recorder:
         self._in_handler = False
         self._watchers: dict[str, list[RejectHandler]] = {}
         self._last_refusal = CalltapeError("the store refused the write")
+        self.on_commit: list[Callable[[Sequence[Event]], None]] = []
+        """Told every batch of stored events (with their seq) once it committed, in the writer task:
+        how the process's own calls reach a live observer (traces) without a read of the log. A failing
+        observer is logged and never holds the writer back."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -533,6 +537,16 @@ class Recorder:
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(event)
         self._finish(len(batch))
+        self.notify_committed(stored)
+
+    def notify_committed(self, events: Sequence[Event]) -> None:
+        """Tells the ``on_commit`` observers about stored events: the recorder's own batches, and what
+        this process wrote to the store directly (a resume's settling events), so they miss nothing."""
+        for observer in self.on_commit:
+            try:
+                observer(events)
+            except Exception:
+                log.exception("calltape: a commit observer failed")
 
 
 class SessionTape:
