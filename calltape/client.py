@@ -215,6 +215,7 @@ class Calltape:
 
         await self.recorder.flush()  # our own emitted events are part of what is being settled
         plan = await resume(self.store, session_id, agent, tools=tools, instructions=instructions, bus=self._bus)
+        self.recorder.notify_committed(plan.events)  # written beside the recorder: its observers see them too
         call = await CallSession.attach(self.recorder, session_id, tools=tools, bus=self._bus)
         self.calls[session_id] = call
         return Resumed(plan, call)

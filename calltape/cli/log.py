@@ -34,8 +34,9 @@ from calltape.cli.common import (
     write_json,
 )
 from calltape.cli.reading import Batch, Problems, ReaderProcess, Source, batches, open_sources
-from calltape.errors import CliError
+from calltape.errors import CalltapeError, CliError
 from calltape.gcpause import BULK, gc_paused
+from calltape.redaction import Redactor
 
 if TYPE_CHECKING:
     from calltape.errors import ImportRefused
@@ -385,10 +386,43 @@ def export_events(
     to: Annotated[
         int | None, typer.Option("--to", metavar="N", min=1, help="Stop at seq N (a prefix; one session only).")
     ] = None,
+    otlp: Annotated[
+        bool,
+        typer.Option(
+            "--otlp",
+            help="Send the calls as OpenTelemetry traces over OTLP/HTTP instead (the otel extra): one trace per "
+            "call, spans per turn, reply, tool call and effect.",
+        ),
+    ] = False,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            metavar="URL",
+            help="With --otlp: the traces URL (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else "
+            "$OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces, else http://localhost:4318/v1/traces).",
+        ),
+    ] = None,
+    content: Annotated[
+        bool,
+        typer.Option(
+            "--content",
+            help="With --otlp: include what was said, tool arguments and results (redacted, see --redact).",
+        ),
+    ] = False,
+    redact: Annotated[
+        str,
+        typer.Option(
+            "--redact",
+            metavar="KINDS",
+            help="With --content: redaction applied to it first (card, email, phone, ssn; all; none).",
+        ),
+    ] = "all",
 ) -> None:
     """Write sessions' events as JSON Lines on standard output, one session after another.
 
-    The output round-trips: importing it into an empty store reproduces the sessions.
+    The output round-trips: importing it into an empty store reproduces the sessions. With --otlp the
+    calls go to a tracing tool (Langfuse, Phoenix, an OpenTelemetry Collector) instead.
     """
     from calltape.cli.common import parse_when
     from calltape.cli.progress import meter
@@ -406,6 +440,9 @@ def export_events(
         raise CliError("--to needs exactly one session")
     since_ms = parse_when(since, "--since") if since is not None else None
     chosen = list(dict.fromkeys(chosen))
+    if not otlp and (otlp_endpoint is not None or content):
+        raise CliError("--otlp-endpoint and --content go with --otlp")
+    redactor = _redactor(redact) if content else None
 
     async def dump() -> None:
         async with opened_store(ctx) as store:
@@ -418,6 +455,13 @@ def export_events(
                     info = await require_session(store, name)
                     if to is not None:
                         within(info, to, "--to")
+            if otlp:
+                calls = [await store.read(name, to_seq=to) for name in names]
+                from calltape.cli.otlp import send_calls
+
+                spans, target = send_calls(calls, endpoint=otlp_endpoint, content=content, redactor=redactor)
+                note(f"Sent {spans} spans of {len(calls)} call(s) to {target}.")
+                return
             stream = sys.stdout.buffer
             with meter("exporting", len(names), count=True) as bar:
                 for name in names:
@@ -432,6 +476,15 @@ def export_events(
             stream.flush()
 
     run(dump())
+
+
+def _redactor(spec: str) -> Redactor | None:
+    if spec.strip().lower() == "none":
+        return None
+    try:
+        return Redactor.parse(spec)
+    except CalltapeError as exc:
+        raise CliError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------

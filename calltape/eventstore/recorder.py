@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -50,6 +51,8 @@ class _Pending:
     event: Event
     done: asyncio.Future[Event] | None = None
     withdrawn: bool = False
+    accepted: float = field(default_factory=time.monotonic)
+    """When ``emit`` took it (monotonic seconds): how long it waits to commit is the commit lag."""
 
 
 @dataclass(slots=True)
@@ -62,6 +65,10 @@ class RecorderStats:
     rejected: int = 0
     largest_batch: int = 0
     outage_seconds: float = 0.0
+    spilled: int = 0
+    """Events ``close()`` saved to a spill file because the database did not take them in time."""
+    last_commit_lag_seconds: float = 0.0
+    """How long the oldest event of the latest committed batch waited from ``emit`` to its commit."""
     last_error: str | None = None
     _outage_started: float | None = field(default=None, repr=False)
 
@@ -131,6 +138,10 @@ class Recorder:
         self._in_handler = False
         self._watchers: dict[str, list[RejectHandler]] = {}
         self._last_refusal = CalltapeError("the store refused the write")
+        self.on_commit: list[Callable[[Sequence[Event]], None]] = []
+        """Told every batch of stored events (with their seq) once it committed, in the writer task:
+        how the process's own calls reach a live observer (traces) without a read of the log. A failing
+        observer is logged and never holds the writer back."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -178,6 +189,7 @@ class Recorder:
                     await self._task
                 self._task = None
         if spilled:
+            self.stats.spilled += len(spilled)
             error = RecorderSpilled(self._spill([p.event for p in spilled], spill_dir), len(spilled))
             for pending in spilled:  # a durable append still waiting is told, never left hanging
                 if pending.done is not None and not pending.done.done():
@@ -219,6 +231,13 @@ class Recorder:
         """Events accepted and not yet committed (queued, held back by redaction, and being written)."""
         held = self._redacting.holding if self._redacting is not None else 0
         return len(self._queue) + self._inflight + held
+
+    @property
+    def commit_lag(self) -> float:
+        """Seconds the oldest event not yet committed has waited since it was accepted (0 when none
+        waits): a few milliseconds while the database keeps up, growing through an outage."""
+        oldest = self._inflight_batch[0] if self._inflight_batch else (self._queue[0] if self._queue else None)
+        return max(0.0, time.monotonic() - oldest.accepted) if oldest is not None else 0.0
 
     # -- accepting ---------------------------------------------------------------------------
 
@@ -512,10 +531,22 @@ class Recorder:
         self.stats.committed += len(batch)
         self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        if batch:
+            self.stats.last_commit_lag_seconds = time.monotonic() - batch[0].accepted
         for pending, event in zip(batch, stored, strict=True):
             if pending.done is not None and not pending.done.done():
                 pending.done.set_result(event)
         self._finish(len(batch))
+        self.notify_committed(stored)
+
+    def notify_committed(self, events: Sequence[Event]) -> None:
+        """Tells the ``on_commit`` observers about stored events: the recorder's own batches, and what
+        this process wrote to the store directly (a resume's settling events), so they miss nothing."""
+        for observer in self.on_commit:
+            try:
+                observer(events)
+            except Exception:
+                log.exception("calltape: a commit observer failed")
 
 
 class SessionTape:

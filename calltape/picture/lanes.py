@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from calltape.checks import check_events
 from calltape.events import EVENT_TYPES, Event
 from calltape.projections import ContextFold
+from calltape.runtime.latency import session_latencies
 
 LANES: Final[tuple[tuple[str, str], ...]] = (
     ("call", "call"),
@@ -21,7 +23,9 @@ LANES: Final[tuple[tuple[str, str], ...]] = (
     ("transcript", "user transcripts"),
     ("reply", "agent replies"),
     ("tool", "tools"),
+    ("effect", "effects"),
     ("interruption", "interruptions"),
+    ("finding", "check findings"),
 )
 """Lane id and caption, top to bottom."""
 
@@ -34,7 +38,7 @@ class Item:
     kind: str
     """The CSS class hint: ``final``, ``interim``, ``typed``, ``speech``, ``reply``, ``tool``,
     ``interruption``, ``ignored``, ``cut``, ``started``, ``ended``, ``dropped``, ``resumed``,
-    ``handoff``, ``instructions``, ``redacted``."""
+    ``handoff``, ``instructions``, ``redacted``, ``effect``, ``finding``."""
     start_ms: int
     """Offset from the session's first event."""
     end_ms: int | None
@@ -65,6 +69,10 @@ class Picture:
     events: dict[int, dict[str, Any]]
     """Wire-format events by seq, those the items refer to."""
     header: dict[str, Any] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
+    """The call's voice latency figures (``calltape stats``'s ``latency_ms``)."""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """The call's ``calltape check`` findings (``{"session", "seq", "rule", "message"}``)."""
 
 
 @dataclass(slots=True)
@@ -185,6 +193,10 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         elif kind == "user.text":
             text = str(data.get("text", "")).strip()
             mark("transcript", "typed", at, text, f"user (typed): {text}", seq)
+        elif kind == "tool.effect":
+            name, phase = data.get("name"), data.get("phase")
+            title = f"effect {name} [{data.get('key')}] · {phase} (call {data.get('call')})"
+            mark("effect", "effect", at, f"{name} · {phase}", title, seq)
         elif kind in _CALL_MARKS:
             label, title = _CALL_MARKS[kind](data)
             mark("call", kind.rsplit(".", 1)[-1], at, label, title, seq)
@@ -202,11 +214,26 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         dropped.append((drop_at, end))
     items.extend(_reply_items(fold, replies, end))
     items.extend(_call_items(fold, calls, replies, end))
+    offsets = {e.seq or 0: min(e.at_ms - first, end) for e in events}
+    findings = check_events(events, session=session or None) if events else []
+    for found in findings:
+        at = offsets.get(found.seq, end)
+        items.append(Item("finding", "finding", at, None, found.rule, f"{found.rule}: {found.message}", [found.seq]))
     items.sort(key=lambda i: (i.start_ms, i.seqs[0]))
     for item in items:
         used.update(item.seqs)
     wire = {e.seq or 0: e.to_wire() for e in events if (e.seq or 0) in used}
-    return Picture(session, first, end, items, dropped, wire, dict(header or {}))
+    return Picture(
+        session,
+        first,
+        end,
+        items,
+        dropped,
+        wire,
+        dict(header or {}),
+        session_latencies(events).summary(),
+        [f.to_json() for f in findings],
+    )
 
 
 _REPLY_EVENTS: Final = frozenset(

@@ -26,7 +26,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
@@ -81,6 +81,22 @@ def _reply_of(data: dict[str, Any]) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
+S = TypeVar("S")
+
+
+def recent_state(states: OrderedDict[str, S], session: str, new: Callable[[], S], limit: int) -> S:
+    """``session``'s state in ``states``, made by ``new`` when missing, kept most recent; past ``limit``
+    sessions the one heard from least recently is forgotten (followers of the global feed stay bounded)."""
+    state = states.get(session)
+    if state is None:
+        state = states[session] = new()
+        if len(states) > limit:
+            states.popitem(last=False)
+    else:
+        states.move_to_end(session)
+    return state
+
+
 class LatencyTracker:
     """Turns events into :class:`Sample` s as they come; several sessions at once.
 
@@ -93,14 +109,7 @@ class LatencyTracker:
         self._max_sessions = max_sessions
 
     def _state(self, session: str) -> _Session:
-        state = self._sessions.get(session)
-        if state is None:
-            state = self._sessions[session] = _Session()
-            if len(self._sessions) > self._max_sessions:
-                self._sessions.popitem(last=False)
-        else:
-            self._sessions.move_to_end(session)
-        return state
+        return recent_state(self._sessions, session, _Session, self._max_sessions)
 
     @property
     def open_sessions(self) -> int:
@@ -268,9 +277,11 @@ async def follow_latencies(
     *,
     after: FeedPosition | None = None,
     poll_interval: float = 0.5,
+    observers: Sequence[Callable[[Event], None]] = (),
 ) -> None:
     """Follows the store's global feed (every writer's events, from ``after``, default: from now) and
-    hands each sample to the sinks, until cancelled. A failing sink is logged, never raised."""
+    hands each sample to the sinks, and each event to the ``observers`` (the server's counters), until
+    cancelled. A failing sink or observer is logged, never raised."""
     tracker = LatencyTracker()
     start = after
     delay = 0.05
@@ -282,6 +293,11 @@ async def follow_latencies(
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
     async for _, event in store.subscribe(start, poll_interval=poll_interval):
+        for observer in observers:
+            try:
+                observer(event)
+            except Exception:
+                log.exception("calltape feed observer failed")
         for sample in tracker.observe(event):
             for sink in sinks:
                 try:

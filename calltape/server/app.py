@@ -5,8 +5,8 @@ before anything is written: a bad request gets a one-sentence 4xx and leaves the
 are derived from the payloads, so the platforms' retries are harmless (appending a known id is a no-op).
 
 Routes: ``POST /vapi``, ``POST /retell``, ``POST /bland``, ``POST /elevenlabs`` (the post-call
-transcription webhook), ``POST /ultravox`` (the call webhooks), ``GET /healthz``, ``GET /metrics`` (the voice
-latency figures for Prometheus, :mod:`calltape.server.metrics`), the timeline pictures
+transcription webhook), ``POST /ultravox`` (the call webhooks), ``GET /healthz``, ``GET /metrics`` (counts,
+findings and latency figures for Prometheus, :mod:`calltape.server.metrics`), the timeline pictures
 (``GET /sessions``, ``GET /sessions/{id}/timeline``, see :mod:`calltape.server.timeline_view`), and,
 when the application brings an LLM (``retell_llm=RetellLLMEndpoint(...)``), the Retell custom-LLM WebSocket
 ``/retell/llm/{call_id}`` (see :mod:`calltape.server.retell_llm`). A platform without a secret configured is
@@ -48,7 +48,7 @@ from calltape.projections import build_context
 from calltape.runtime.latency import SampleSink, follow_latencies
 from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.server.limits import AbortedUploads, bounded_protocol
-from calltape.server.metrics import CONTENT_TYPE, PrometheusLatency
+from calltape.server.metrics import CONTENT_TYPE, ServerMetrics
 from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
 from calltape.server.timeline_view import viewer_routes
 
@@ -105,8 +105,8 @@ class ReceiverConfig:
     call's first writer (epoch 1): once ``calltape resume`` hands the call to another agent, a late
     webhook of the old call is refused (409), never mixed into the resumed call."""
     metrics: bool = True
-    """Serves ``GET /metrics`` and follows the store's feed for it (also into OpenTelemetry histograms
-    when the ``otel`` extra is installed)."""
+    """Serves ``GET /metrics`` and follows the store's feed for it (the latency figures also into
+    OpenTelemetry histograms when the ``otel`` extra is installed)."""
     viewer_token: str | None = None
     """Opens ``GET /sessions`` and ``GET /sessions/{id}/timeline`` to requests that carry it (bearer
     token, or the password of basic auth); without it they are closed unless ``allow_unsigned``."""
@@ -358,19 +358,19 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
     routes.extend(viewer_routes(store, token=cfg.viewer_token, open_=cfg.allow_unsigned))
     if cfg.retell_llm is not None:
         routes.append(retell_llm_route(cfg.retell_llm, connections, session_prefix=cfg.session_prefix))
-    latency = PrometheusLatency() if cfg.metrics else None
-    if latency is not None:
+    counted = ServerMetrics(store, recorders=connections.recorders) if cfg.metrics else None
+    if counted is not None:
 
         async def metrics(request: Request) -> Response:
-            return Response(latency.exposition(), media_type=CONTENT_TYPE)
+            return Response(counted.exposition(), media_type=CONTENT_TYPE)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        follower: asyncio.Task[None] | None = None
-        if latency is not None:
-            sinks: list[SampleSink] = [latency]
+        tasks: list[asyncio.Task[None]] = []
+        if counted is not None:
+            sinks: list[SampleSink] = [counted.latency]
             otel = otel_latency_sink()
             if otel is not None:
                 sinks.append(otel)
@@ -378,18 +378,21 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
                 start = await store.head()  # from now: taken before the first request is served
             except StoreUnavailable:
                 start = None  # the follower waits for the database
-            follower = asyncio.create_task(follow_latencies(store, sinks, after=start), name="calltape-latency")
+            follow = follow_latencies(store, sinks, after=start, observers=[counted.observe])
+            tasks.append(asyncio.create_task(follow, name="calltape-metrics"))
+            tasks.append(asyncio.create_task(counted.run(), name="calltape-findings"))
         try:
             yield
         finally:
-            if follower is not None:
-                follower.cancel()
-                await asyncio.gather(follower, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await connections.close()  # flushes what the custom-LLM sockets recorded
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.aborted_uploads = aborted
-    app.state.latency = latency
+    app.state.metrics = counted
+    app.state.latency = counted.latency if counted is not None else None
     return app
 
 

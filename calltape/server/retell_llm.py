@@ -83,6 +83,10 @@ class _Connections:
                 self._recorder = await Recorder(self.store).start()
             return self._recorder
 
+    def recorders(self) -> list[Recorder]:
+        """The recorder, once a socket opened it (for ``GET /metrics``)."""
+        return [self._recorder] if self._recorder is not None else []
+
     async def close(self) -> None:
         if self._recorder is not None:
             await self._recorder.close()

@@ -294,10 +294,12 @@ async def test_close_during_an_outage_spills_to_jsonl(pg_url, proxy, session_id,
             rec.emit(e)
         durable = asyncio.create_task(rec.append(make_event(session_id, "tool.started", {"call": "c1"})))
         await asyncio.sleep(0.2)
+        # the outage shows in the figures /metrics reads: six events waiting, the oldest for 0.2 s or more
+        assert rec.pending == 6 and rec.commit_lag >= 0.2
         with pytest.raises(RecorderSpilled) as info:
             await asyncio.wait_for(rec.close(timeout=0.3, spill_dir=tmp_path), 5)
         spilled = info.value
-        assert spilled.count == 6
+        assert spilled.count == 6 == rec.stats.spilled
         assert spilled.path.parent == tmp_path
         assert f"calltape import {spilled.path}" in str(spilled)
         # whoever awaited the durable append is told, not left hanging

@@ -82,3 +82,56 @@ def _rfc3339(at_ms: int) -> str:
     from calltape.events import format_time
 
     return format_time(at_ms)
+
+
+def long_call(target: int = 50_000, session: str = "call-hour") -> list[Event]:
+    """An hour-long call of about ``target`` events: turn after turn with tool calls, a barge-in every
+    tenth turn (every twentieth one talks over the user for 900 ms: a ``talk-over`` finding), and a
+    drop with its resume in the middle."""
+    per_turn = 13  # on average
+    turns = target // per_turn
+    step = 3_600_000 // turns
+    rows: list[tuple[int, str, dict[str, Any]]] = [(0, "session.started", {"agent": "concierge"})]
+    dropped_at = turns // 2
+    for n in range(turns):
+        t = 1000 + n * step
+        r, c = f"r{n}", f"c{n}"
+        rows += [
+            (t, "user.speech.started", {"source": "vad"}),
+            (t + 80, "user.transcript", {"text": f"turn {n} please", "final": False}),
+            (t + 200, "user.transcript", {"text": f"turn {n} please, table {n % 12}", "final": True}),
+            (t + 240, "user.speech.stopped", {}),
+            (t + 300, "agent.reply.started", {"reply": r}),
+            (t + 340, "agent.text", {"reply": r, "text": f"Answer {n}, "}),
+            (t + 360, "agent.text", {"reply": r, "text": "checking the book "}),
+        ]
+        if n % 3 == 0:
+            rows += [
+                (t + 370, "tool.call", {"reply": r, "call": c, "name": "lookup", "arguments": {"turn": n}}),
+                (t + 380, "tool.started", {"call": c}),
+                (t + 600, "tool.result", {"call": c, "output": {"ok": n}}),
+            ]
+        else:
+            rows.append((t + 380, "agent.text", {"reply": r, "text": "now."}))
+        rows += [
+            (t + 400, "agent.reply.done", {"reply": r}),
+            (t + 420, "agent.speech.started", {"reply": r}),
+            (t + 500, "agent.speech.progress", {"reply": r, "heard": f"Answer {n},"}),
+        ]
+        if n % 10 == 5:
+            late = 900 if n % 20 == 5 else 100
+            rows += [
+                (t + 560, "user.speech.started", {"source": "vad"}),
+                (t + 600, "interruption", {"reply": r, "cause": "user_speech", "heard": f"Answer {n},"}),
+                (t + 600 + late, "agent.speech.ended", {"reply": r, "interrupted": True, "heard": f"Answer {n},"}),
+                (t + 620 + late, "user.speech.stopped", {}),
+            ]
+        else:
+            rows.append((t + 700, "agent.speech.ended", {"reply": r, "interrupted": False}))
+        if n == dropped_at:
+            rows += [
+                (t + step - 300, "session.dropped", {"reason": "network"}),
+                (t + step - 100, "session.resumed", {"agent": "concierge-2", "epoch": 2, "from_seq": len(rows)}),
+            ]
+    rows.append((1000 + turns * step, "session.ended", {"reason": "done"}))
+    return [parse_event(w).with_seq(n) for n, w in enumerate(wire_events(rows, session=session), 1)]

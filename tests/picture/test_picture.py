@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import re
 from html.parser import HTMLParser
 
@@ -122,9 +123,9 @@ def test_user_data_is_escaped_everywhere() -> None:
     tags = [tag for tag, _ in parsed.tags]
     assert tags.count("script") == 2 and "img" not in tags
     assert not any(name.startswith("on") for _, attrs in parsed.tags for name in attrs)
-    assert any("</script><script>window.__pwned" in t for t in parsed.text)  # shown as text
     data = orjson.loads(parsed.scripts[0])
     assert data["events"]["15"]["data"]["text"] == HOSTILE
+    assert any(item["t"] == f"user (final transcript): {HOSTILE}" for item in data["items"])  # the script's text
     assert "<" not in parsed.scripts[0]
 
 
@@ -138,11 +139,41 @@ def test_nothing_loads_and_only_the_page_script_runs() -> None:
     assert f'content="{CSP}"' in page
 
 
-def test_every_lane_is_drawn_with_one_element_per_item() -> None:
+def test_every_lane_and_every_item_is_in_the_page() -> None:
     page = timeline_html(events())
     for lane, caption in LANES:
         assert f'data-lane="{lane}"' in page and f">{caption}<" in page
-    assert page.count('class="ct-item ') == len(build_picture(events()).items)
+    data = orjson.loads(parse(page).scripts[0])
+    assert len(data["items"]) == len(build_picture(events()).items)
+    assert [lane for lane, _, _ in data["lanes"]] == [lane for lane, _ in LANES]
+    # the script draws them (windowed): the page itself holds no item element
+    assert 'class="ct-item' not in page.split('id="ct-data"')[0]
+
+
+def test_the_rows_of_a_lane_never_overlap_in_time() -> None:
+    data = orjson.loads(parse(timeline_html(events())).scripts[0])
+    rows: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for item in data["items"]:
+        rows.setdefault((item["l"], item["r"]), []).append(
+            (item["s"], item["e"] if item["e"] is not None else item["s"])
+        )
+    for spans in rows.values():
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end < start
+
+
+def test_the_calls_findings_and_latency_figures() -> None:
+    picture = build_picture(events())
+    assert [(f["seq"], f["rule"]) for f in picture.findings] == [(13, "talk-over"), (14, "late-tokens")]
+    findings = by_lane("finding")
+    assert [(i.label, i.seqs, i.start_ms) for i in findings] == [("talk-over", [13], 2100), ("late-tokens", [14], 2150)]
+    assert findings[0].title.startswith("talk-over: the agent kept talking")
+    assert picture.latency["user_stopped_to_agent_speech"]["p50"] == 500
+    page = timeline_html(events())
+    header = page.split('id="ct-overview"')[0]
+    assert "2 finding(s): late-tokens, talk-over" in header
+    assert "latency: response <b>p50 500ms · p95 1.8s</b> (2)" in header
+    assert "book_table <b>p50 2.0s</b> (1)" in header
 
 
 @pytest.mark.parametrize("cut", [0, 1])

@@ -38,7 +38,7 @@ def test_show_html_writes_one_page(cli: Cli, session: str, tmp_path: Path) -> No
     assert stdout.code == 0 and stdout.out == html
     assert html.startswith("<!doctype html>") and f"<h1>{session}</h1>" in html
     assert "ended · agent sommelier-2 · epoch 2" in html and f"{len(SCRIPT)} events" in html
-    assert "&lt;/script&gt;&lt;script&gt;window.__pwned" in html and HOSTILE not in html
+    assert "\\u003c/script\\u003e\\u003cscript\\u003ewindow.__pwned" in html and HOSTILE not in html
     assert upto.code == 0
     cut = (tmp_path / "upto.html").read_text()
     assert "sommelier" not in cut.split('id="ct-data"')[1] and "book_table" in cut

@@ -85,9 +85,10 @@ async def test_metrics_over_http(store: EventStore, served: str) -> None:
     tool = "calltape_tool_duration_seconds"
     assert samples[(f"{tool}_sum", (("tool", "book_table"),))] == pytest.approx(2.4)
     assert samples[(f"{tool}_count", (("tool", "lookup"),))] == 1
-    # no session ids, no content: the only label besides the buckets' is the tool's name
+    # no session ids, no content: the labels are the buckets', the tool's name, and the counters' bounded
+    # identifiers (event types, outcomes, rule ids; tests/server/test_metrics_counts.py)
     labels = {k for (_, pairs) in samples for k, _ in pairs}
-    assert labels == {"le", "tool"}
+    assert labels == {"le", "tool", "type", "outcome", "rule"}
     assert "prom-a" not in response.text and "table for two" not in response.text
 
 
