@@ -1,0 +1,83 @@
+"""Sweeping a team's existing, unmodified Pipecat Evals scenario file (tests/testing/evals/): as
+written, then once per event boundary with a barge-in and once per tool call with a drop and resume,
+every rule of ``calltape check`` on every run, the scenario's own expectations kept."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pipecat")
+
+from offline_pipecat import offline_worker
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.services.llm_service import FunctionCallParams
+
+from calltape.adapters.pipecat import register_function
+from calltape.checks import CheckOptions
+from calltape.runtime import CallSession
+from calltape.testing.pipecat import Call, Say, ScriptedLLM
+from calltape.testing.sweep import sweep_pipecat_evals
+
+pytestmark = pytest.mark.pipecat
+
+SCENARIOS = Path(__file__).parent / "evals" / "charge_order.yaml"
+CHARGES: dict[str, int] = {}
+BUSY_MACHINE = CheckOptions(talk_over_ms=2000)  # wall-clock thresholds, on a busy CI machine
+
+MODEL = [
+    [Say("Charging order 42 now."), Call("charge_card", "c1", {"order": "42"})],
+    [Say("Done: your card is charged.")],
+    [Say("Goodbye, and thank you.")],
+]
+
+
+def shop_bot(call: CallSession, llm: ScriptedLLM, context: LLMContext) -> PipelineWorker:
+    """The team's bot: its pipeline around the given LLM, with its charge_card tool under calltape."""
+
+    async def charge_card(params: FunctionCallParams) -> None:
+        CHARGES[call.session_id] = CHARGES.get(call.session_id, 0) + 1  # in production: the payment API
+        await params.result_callback({"charged": params.arguments["order"]})
+
+    register_function(llm, call, "charge_card", charge_card)
+    return offline_worker(llm, context)
+
+
+async def test_the_unmodified_scenario_file_is_swept() -> None:
+    started = time.perf_counter()
+    sweeps = await sweep_pipecat_evals(SCENARIOS, shop_bot, llm=MODEL, options=BUSY_MACHINE)
+    took = time.perf_counter() - started
+    (sweep,) = sweeps.values()
+    print(f"\nPipecat Evals sweep: {len(sweep.runs)} runs in {took:.1f} s")  # the figure for the docs
+    assert list(sweeps) == ["charge_order/charge"]
+    sweep.assert_ok()
+    baseline = sweep.runs[0]
+    assert baseline.session not in sweep.unmet  # the scenario's expectations hold as written
+    assert CHARGES[baseline.session] == 1
+    drops = [r for r in sweep.runs if r.dropped]
+    barge_ins = [r for r in sweep.runs if r.boundary is not None]
+    assert len(drops) == 1 and len(barge_ins) == len(baseline.events) - 2
+    assert any(e.type == "interruption" for r in barge_ins for e in r.events)
+    notes = "\n".join(sweep.notes)
+    assert "eval: criteria (an LLM judge) (1 in the scenario)" in notes
+    assert "within_ms: budgets" in notes
+
+
+async def test_an_expectation_the_bot_breaks_fails_the_run_as_written() -> None:
+    wrong: list[list[Any]] = [
+        [Say("Charging order 43 now."), Call("charge_card", "c1", {"order": "43"})],
+        [Say("Done: your card is charged.")],
+        [Say("Goodbye.")],
+    ]
+    sweeps = await sweep_pipecat_evals(SCENARIOS, shop_bot, llm=wrong, drops=False)
+    (sweep,) = sweeps.values()
+    assert sweep.runs[0].problems == [
+        "assertion failed: the test's own expectation failed: turn 1, expectation 2 (function_call): "
+        "the expected calls were not all made"
+    ]
+    with pytest.raises(AssertionError, match="the uninterrupted run"):
+        sweep.assert_ok()
