@@ -35,6 +35,7 @@ from calltape.checks import CheckOptions, Violation
 from calltape.errors import Interrupted
 from calltape.events import Event
 from calltape.eventstore import EventStore
+from calltape.projections.effects import EffectLog, EffectState
 from calltape.projections.fold import ContextFold
 from calltape.runtime import CallSession, ToolSpec
 from calltape.testing.quiet import in_harness_run, quieted
@@ -46,7 +47,7 @@ Scenario = Callable[[CallSession], Awaitable[None]]
 Assertion = Callable[["Run"], Any]
 """The user's own checks of one run (raise ``AssertionError``; may be async)."""
 
-__all__ = ["USER_ASSERTION", "Effect", "Exploration", "Run", "explore", "set_barge_in"]
+__all__ = ["USER_ASSERTION", "Exploration", "Run", "explore", "set_barge_in"]
 
 BargeIn = Callable[[], Any]
 """How a barge-in reaches the agent's framework (may return an awaitable)."""
@@ -59,22 +60,6 @@ def set_barge_in(call: CallSession, barge_in: BargeIn) -> None:
     speaking into the real pipeline) instead of recording an interruption on the call directly, so
     the framework's own interruption handling is what gets explored."""
     _BARGE_INS[call] = barge_in
-
-
-@dataclass(frozen=True, slots=True)
-class Effect:
-    """One real-world action of a run, ``(name, key)``, as its ``tool.effect`` events tell it."""
-
-    name: str
-    key: str
-    phase: str
-    """The latest phase: ``started``, ``done``, ``failed`` or ``unknown``."""
-    runs: int
-    """How many times it was started (more than one, unless failed in between, is ``double-effect``)."""
-    calls: tuple[str, ...]
-    """The call ids that asked for it, in order."""
-    output: Any = None
-    """The output of its latest ``done``."""
 
 
 @dataclass
@@ -141,24 +126,11 @@ class Run:
         """The call ids of tool ``name`` in this run, in order."""
         return [e.data["call"] for e in self.events if e.type == "tool.call" and e.data.get("name") == name]
 
-    def effects(self, name: str) -> list[Effect]:
-        """The effects of tool ``name`` (its real-world actions, by key), in the order first started."""
-        found: dict[str, dict[str, Any]] = {}
-        for event in self.events:
-            data = event.data
-            if event.type != "tool.effect" or data.get("name") != name:
-                continue
-            one = found.setdefault(str(data.get("key")), {"runs": 0, "calls": [], "output": None})
-            one["phase"] = data.get("phase")
-            if data.get("phase") == "started":
-                one["runs"] += 1
-            if data.get("phase") == "done":
-                one["output"] = data.get("output")
-            if data.get("call") and data["call"] not in one["calls"]:
-                one["calls"].append(data["call"])
-        return [
-            Effect(name, key, str(v["phase"]), v["runs"], tuple(v["calls"]), v["output"]) for key, v in found.items()
-        ]
+    def effects(self, name: str) -> list[EffectState]:
+        """The effects of tool ``name`` (its real-world actions, by key) in the order first recorded, as
+        SPEC section 8 folds them (:class:`~calltape.projections.effects.EffectLog`): each with its latest
+        phase, its runs (the call and seq of every ``started``, and what became of it) and its output."""
+        return [state for state in EffectLog.of(self.events) if state.name == name]
 
     # -- the report -----------------------------------------------------------------------------
 
