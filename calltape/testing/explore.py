@@ -209,8 +209,10 @@ class Exploration:
             lines.append(f"{rule_id} ({len(entries)} run{'s' if len(entries) != 1 else ''}):")
             for run, seq in entries:
                 at = f"seq {seq}" if seq is not None else "no seq"
-                if rule_id == USER_ASSERTION:
-                    lines += [f"  {run.where}, {at}: {p}" for p in run.problems]
+                if rule_id == USER_ASSERTION:  # first lines only: pytest's assertion detail is in the report
+                    lines += [
+                        f"  {run.where}, {at}: {p.strip().splitlines()[0] if p.strip() else p}" for p in run.problems
+                    ]
                 else:
                     lines += [
                         f"  {run.where}, seq {v.seq}: {v.message}"

@@ -124,6 +124,11 @@ async def test_a_failing_user_assertion_is_reported_with_its_instant() -> None:
     assert not exploration.baseline.failed
     assert all(r.failed for r in exploration.runs[1:])
     assert "assertion failed: the agent was interrupted" in exploration.failures[0].describe()
+    # the summary (the exception message) gives one line per failing run: pytest's detail is in the report
+    lines = exploration.summary().splitlines()
+    assert lines[1] == f"assertion ({len(exploration.failures)} runs):"
+    assert len(lines) == 2 + len(exploration.failures)
+    assert all(line.endswith("assertion failed: the agent was interrupted") for line in lines[2:])
 
 
 def test_tool_specs_are_untouched() -> None:
