@@ -17,6 +17,7 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.services.llm_service import FunctionCallParams
 
+import calltape
 from calltape.adapters.pipecat import register_function
 from calltape.checks import CheckOptions
 from calltape.runtime import CallSession
@@ -81,3 +82,47 @@ async def test_an_expectation_the_bot_breaks_fails_the_run_as_written() -> None:
     ]
     with pytest.raises(AssertionError, match="the uninterrupted run"):
         sweep.assert_ok()
+
+
+def charging_bot(*, careless: bool) -> Any:
+    """The team's bot with its card charge as a heard-first effect (SPEC section 8): through
+    ``calltape.effect``, or (``careless``) recorded by hand, with no look at whether the caller heard
+    the announcement or cut in."""
+
+    def build(call: CallSession, llm: ScriptedLLM, context: LLMContext) -> PipelineWorker:
+        async def charge(order: str) -> dict[str, str]:
+            CHARGES[call.session_id] = CHARGES.get(call.session_id, 0) + 1  # the payment API
+            return {"charged": order}
+
+        async def charge_card(params: FunctionCallParams) -> None:
+            order = str(params.arguments["order"])
+            if careless:
+                base = {"call": params.tool_call_id, "name": "charge", "key": f"order-{order}"}
+                call.emit("tool.effect", {**base, "phase": "started", "heard": True})
+                output = await charge(order)
+                call.emit("tool.effect", {**base, "phase": "done", "output": output})
+            else:
+                output = await calltape.effect("charge", f"order-{order}", lambda: charge(order), heard=True)
+            await params.result_callback(output)
+
+        register_function(llm, call, "charge_card", charge_card)
+        return offline_worker(llm, context)
+
+    return build
+
+
+async def test_the_sweep_finds_a_careless_charge_with_no_assertion_and_passes_the_effect_api() -> None:
+    CHARGES.clear()
+    (careless,) = (
+        await sweep_pipecat_evals(SCENARIOS, charging_bot(careless=True), llm=MODEL, options=BUSY_MACHINE)
+    ).values()
+    groups = careless.exploration.by_rule()
+    assert "unheard-effect" in groups, careless.exploration.summary()
+    assert all(CHARGES.get(run.session) for run, _ in groups["unheard-effect"])  # each one did charge
+    CHARGES.clear()
+    (right,) = (
+        await sweep_pipecat_evals(SCENARIOS, charging_bot(careless=False), llm=MODEL, options=BUSY_MACHINE)
+    ).values()
+    right.assert_ok()
+    assert CHARGES.get(right.runs[0].session) == 1  # the run as written charges, once
+    assert any(not CHARGES.get(r.session) for r in right.runs[1:])  # a cut announcement: no charge
