@@ -266,9 +266,16 @@ class _EvalsCheck:
             if found is None:
                 starts.append(len(events))
                 continue
+            # the turn begins where the user started saying it (what the bot did meanwhile, such as
+            # being interrupted, is the turn's), after any earlier final words
             begin = found
-            while begin > at and events[begin - 1].type in ("user.speech.started", "user.transcript"):
-                begin -= 1
+            for j in range(found - 1, at - 1, -1):
+                e = events[j]
+                if e.type == "user.text" or (e.type == "user.transcript" and e.data.get("final")):
+                    break
+                if e.type == "user.speech.started":
+                    begin = j
+                    break
             starts.append(begin)
             at = found + 1
         bounds = [*starts[1:], len(events)]

@@ -126,3 +126,24 @@ async def test_the_sweep_finds_a_careless_charge_with_no_assertion_and_passes_th
     right.assert_ok()
     assert CHARGES.get(right.runs[0].session) == 1  # the run as written charges, once
     assert any(not CHARGES.get(r.session) for r in right.runs[1:])  # a cut announcement: no charge
+
+
+async def test_the_scenarios_own_barge_in_is_kept_and_a_simulation_is_left_out() -> None:
+    model = [
+        [Say("Your order 42 holds a blue kettle, a red teapot and four cups, and it ships on Monday from our shop.")],
+        [Say("Charging it now."), Call("charge_card", "c1", {"order": "42"})],
+        [Say("Your card is charged.")],
+    ]
+    path = SCENARIOS.parent / "interrupt.yaml"
+    sweeps = await sweep_pipecat_evals(path, shop_bot, llm=model, drops=False, options=BUSY_MACHINE)
+    assert list(sweeps) == ["interrupt/cut_in"]
+    (sweep,) = sweeps.values()
+    sweep.assert_ok()
+    baseline = sweep.runs[0]
+    assert baseline.session not in sweep.unmet  # bot_interrupted, the call and the reply, as written
+    # the second turn was sent while the first reply played (send_after), and cut it
+    (cut,) = [e for e in baseline.events if e.type == "interruption"]
+    first_reply = next(e.data["reply"] for e in baseline.events if e.type == "agent.reply.started")
+    assert cut.data.get("reply") in (None, first_reply)
+    assert baseline.reply_of("c1") != first_reply and not baseline.played(first_reply)
+    assert "simulated scenarios not swept (an LLM plays the caller): interrupt/caller_in_a_hurry" in sweep.notes
