@@ -27,6 +27,8 @@ imports nothing of calltape. Catch :class:`CalltapeError` for all of them; the t
     │   │  the live call
     │   ├── Interrupted                the reply being waited on was interrupted
     │   ├── AlreadyResumed             the call already has a live resumed agent
+    │   ├── EffectNotRun               a heard-first effect whose announcement the caller cut off
+    │   ├── EffectUnknown              an effect that may have happened: not run again
     │   │  tools around the log
     │   ├── CheckInputError            events that cannot be checked
     │   ├── RedactionError             a redaction rule that cannot be used
@@ -60,6 +62,8 @@ __all__ = [
     "CliError",
     "ConcurrencyConflict",
     "DurableAppendTimeout",
+    "EffectNotRun",
+    "EffectUnknown",
     "FencedWrite",
     "ForkRefused",
     "ImportRefused",
@@ -224,6 +228,28 @@ class Interrupted(CalltapeError):
         self.reply, self.cause = reply, cause
         self.at = time.perf_counter()
         """When the interruption was taken (to measure how fast waiters were released)."""
+
+
+class EffectNotRun(CalltapeError):
+    """A heard-first effect (SPEC section 8) was not run: the caller barged in before the reply that
+    announced it had played to its end. The guarded runner records the call as ``tool.cancelled``
+    (``interrupted``, ``not_run``)."""
+
+    def __init__(self, name: str, reply: str | None) -> None:
+        super().__init__(f"effect '{name}' was not run: its announcing reply '{reply}' was interrupted")
+        self.name, self.reply = name, reply
+
+
+class EffectUnknown(CalltapeError):
+    """Whether an effect happened is unknown (cut off by a drop, timed out, or said so by its action):
+    it is never run again automatically. The guarded runner records the call as ``tool.cancelled``
+    (``effect_unknown``, ``unknown``); a reconcile hook that asks the real system can settle it.
+
+    An action may raise it itself to say it cannot tell whether it took effect."""
+
+    def __init__(self, name: str, why: str = "its outcome is unknown") -> None:
+        super().__init__(f"effect '{name}' was not run again: {why}")
+        self.name = name
 
 
 class AlreadyResumed(CalltapeError):

@@ -469,6 +469,18 @@ class ToolCancelledData(_Data):
     outcome: Literal["not_run", "unknown"] | None = None
 
 
+class ToolEffectData(_Data):
+    """``tool.effect``: one phase of a real-world action ``(name, key)`` run for the call ``call``
+    (SPEC section 8). The key names the action itself, so a new call id asking for it again finds it."""
+
+    call: str
+    name: str
+    key: str
+    phase: Literal["started", "done", "failed", "unknown"]
+    output: Any = None
+    heard: bool | None = None
+
+
 class ExtensionData(_Data):
     """``x.*`` events: any data, stored and exported, never folded."""
 
@@ -499,6 +511,7 @@ DATA_MODELS: dict[str, type[_Data]] = {
     "tool.progress": ToolProgressData,
     "tool.result": ToolResultData,
     "tool.cancelled": ToolCancelledData,
+    "tool.effect": ToolEffectData,
 }
 
 EVENT_TYPES: frozenset[str] = frozenset(DATA_MODELS)
@@ -579,6 +592,7 @@ EventType = Literal[
     "tool.progress",
     "tool.result",
     "tool.cancelled",
+    "tool.effect",
 ]
 """The event types of the wire format, for annotations and completion (``x.*`` extensions are
 plain strings). A test keeps this in step with :data:`EVENT_TYPES`."""
@@ -816,6 +830,17 @@ _DATA_SPECS: dict[str, _DataSpec] = {
     "tool.result": _DataSpec({"call": _is_str, "output": _is_any, "error": _nullable(_is_bool)}, ("call", "output")),
     "tool.cancelled": _DataSpec(
         {"call": _is_str, "reason": _is_str, "outcome": _nullable(_one_of("not_run", "unknown"))}, ("call", "reason")
+    ),
+    "tool.effect": _DataSpec(
+        {
+            "call": _is_str,
+            "name": _is_str,
+            "key": _is_str,
+            "phase": _one_of("started", "done", "failed", "unknown"),
+            "output": _is_any,
+            "heard": _nullable(_is_bool),
+        },
+        ("call", "name", "key", "phase"),
     ),
 }
 

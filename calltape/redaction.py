@@ -199,7 +199,8 @@ def apply_spans(text: str, spans: Sequence[tuple[int, int, str]]) -> str:
 
 
 # Which data fields hold text the projection shows. Everything under tool arguments/outputs/state is
-# walked to its string leaves; ids and names are never rewritten.
+# walked to its string leaves; ids and names are never rewritten (nor an effect's key: at most once
+# depends on it, and it names the action, as an order id does).
 _TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "user.transcript": ("text",),
     "user.text": ("text",),
@@ -213,6 +214,7 @@ _TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "tool.call": ("arguments",),
     "tool.progress": ("state", "message"),
     "tool.result": ("output",),
+    "tool.effect": ("output",),
 }
 _USER_TEXT = frozenset({"user.transcript", "user.text"})
 

@@ -47,6 +47,10 @@ MINIMAL: dict[str, tuple[dict, dict]] = {
     "tool.progress": ({"call": "c1", "state": {"page": 2}}, {"call": "c1", "state": {"page": 2}}),
     "tool.result": ({"call": "c1", "output": [1, "a", None]}, {"call": "c1", "output": [1, "a", None]}),
     "tool.cancelled": ({"call": "c1", "reason": "timeout"}, {"call": "c1", "reason": "timeout"}),
+    "tool.effect": (
+        {"call": "c1", "name": "charge", "key": "order-7", "phase": "done", "output": {"id": "ch_1"}, "heard": None},
+        {"call": "c1", "name": "charge", "key": "order-7", "phase": "done", "output": {"id": "ch_1"}},
+    ),
 }
 
 
@@ -56,7 +60,7 @@ def wire(event_type: str, data: object, **extra: object) -> dict:
 
 def test_every_spec_type_has_a_case():
     assert set(MINIMAL) == EVENT_TYPES == set(DATA_MODELS)
-    assert len(EVENT_TYPES) == 23  # section 1's 22, and section 6's session.redacted
+    assert len(EVENT_TYPES) == 24  # section 1's 22, section 6's session.redacted, section 8's tool.effect
 
 
 @pytest.mark.parametrize("event_type", sorted(MINIMAL))
@@ -210,6 +214,13 @@ def test_errors_are_one_clear_sentence(obj, expected):
         ("nope", {}, "unknown event type 'nope'"),
         ("tool.call", {"call": "c", "name": "n", "arguments": "{"}, "tool.call: data 'arguments': arguments is a"),
         ("tool.cancelled", {"call": "c", "reason": "x", "outcome": "maybe"}, "tool.cancelled: data 'outcome'"),
+        ("tool.effect", {"call": "c", "name": "n", "key": "k", "phase": "maybe"}, "tool.effect: data 'phase'"),
+        ("tool.effect", {"call": "c", "name": "n", "phase": "started"}, "tool.effect: data 'key' is missing"),
+        (
+            "tool.effect",
+            {"call": "c", "name": "n", "key": "k", "phase": "started", "heard": "maybe"},
+            "tool.effect: data 'heard'",
+        ),
     ],
 )
 def test_make_event_errors(event_type, data, expected):

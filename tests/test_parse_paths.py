@@ -57,6 +57,8 @@ SAMPLES: list[tuple[str, dict[str, Any]]] = [
     ("tool.progress", {"call": "c1", "state": None, "message": "half way"}),
     ("tool.result", {"call": "c1", "output": [{"a": None}, 2**63 - 1, -(2**63)], "error": False}),
     ("tool.cancelled", {"call": "c1", "reason": "barge-in", "outcome": "not_run"}),
+    ("tool.effect", {"call": "c1", "name": "charge", "key": "o-1", "phase": "started", "heard": True}),
+    ("tool.effect", {"call": "c1", "name": "charge", "key": "o-1", "phase": "done", "output": {"id": 1}}),
 ]
 
 ODD = st.one_of(
@@ -67,7 +69,7 @@ ODD = st.one_of(
     st.sampled_from(["", "5", "r1", "2025-01-31T09:30:00.000Z", " 2025-01-31T09:30:00Z ", "2025-01-31", "nope"]),
     st.lists(st.integers(), max_size=2),
     st.dictionaries(st.sampled_from(["a", "text"]), st.integers(), max_size=2),
-    st.sampled_from(["vad", "voice", "not_run", "{}", "{bad", "a\x00b", 2**63, 2**64 - 1, [["deep"]]]),
+    st.sampled_from(["vad", "voice", "not_run", "started", "{}", "{bad", "a\x00b", 2**63, 2**64 - 1, [["deep"]]]),
     st.lists(st.sampled_from(["card", 1, None]), max_size=2),
 )
 TIMES = st.sampled_from(

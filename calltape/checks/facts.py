@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calltape.events import Event
+from calltape.projections.effects import EffectLog
 from calltape.projections.fold import ContextFold
 
 
@@ -79,6 +80,36 @@ class BargeInFact:
 
 
 @dataclass(slots=True)
+class EffectStartFact:
+    """One ``tool.effect`` ``started`` (SPEC section 8) and what the log held when it came."""
+
+    seq: int
+    name: str
+    call: str
+    heard: bool
+    earlier_seq: int | None
+    """The previous ``started`` of the same ``(name, key)``, if any."""
+    earlier_phase: str | None
+    """The effect's latest phase before this ``started`` (None: never run)."""
+    reply: str | None
+    """The reply that carried the call (None: the call is not in the log)."""
+    reply_played: bool
+    """That reply had played to its end uninterrupted (a reply with no text: done, not interrupted)."""
+
+
+@dataclass(slots=True)
+class UnsettledEffectFact:
+    """An effect still ``started`` at a ``session.ended`` or ``session.resumed``."""
+
+    seq: int
+    """Its ``started``."""
+    name: str
+    call: str
+    at_seq: int
+    at_type: str
+
+
+@dataclass(slots=True)
 class SessionFacts:
     """Everything the rules need about one session, collected in one pass."""
 
@@ -100,6 +131,9 @@ class SessionFacts:
     ended_seqs: list[int] = field(default_factory=list)
     dropped_seqs: list[int] = field(default_factory=list)
     resumed_seqs: list[int] = field(default_factory=list)
+    effect_starts: list[EffectStartFact] = field(default_factory=list)
+    unsettled_effects: list[UnsettledEffectFact] = field(default_factory=list)
+    effects: EffectLog | None = None
     fold: ContextFold | None = None
 
 
@@ -119,6 +153,10 @@ def collect(events: Iterable[Event], session: str | None = None) -> SessionFacts
     dropped_seqs: list[int] = []
     resumed_seqs: list[int] = []
     barge_ins: list[BargeInFact] = []
+    effects = EffectLog()
+    effect_starts: list[EffectStartFact] = []
+    unsettled: list[UnsettledEffectFact] = []
+    reported: set[int] = set()  # started seqs already reported unsettled
     count = 0
     first: Event | None = None
     last: Event | None = None
@@ -147,8 +185,12 @@ def collect(events: Iterable[Event], session: str | None = None) -> SessionFacts
                     call_started_before = state.started
                     owner = replies.get(state.reply)
                     call_interrupted_before = owner is not None and owner.interrupted_seq is not None
+        if etype == "tool.effect" and data.get("phase") == "started":
+            before = effects.get(str(data.get("name")), str(data.get("key")))
+            start_before = (before.runs[-1].seq if before.runs else None, before.phase) if before else (None, None)
         if not apply(event):
             continue  # a duplicate id: it never happened twice
+        effects.apply(event)
         seq = fold.seq
         count += 1
         if first is None:
@@ -244,6 +286,14 @@ def collect(events: Iterable[Event], session: str | None = None) -> SessionFacts
                 dropped_seqs.append(seq)
         elif etype == "session.resumed":
             resumed_seqs.append(seq)
+        elif etype == "tool.effect" and data.get("phase") == "started":
+            effect_starts.append(_effect_start(fold, data, seq, *start_before))
+        if etype in ("session.ended", "session.resumed"):
+            for running in effects.started():
+                run = running.runs[-1]
+                if run.seq not in reported:
+                    reported.add(run.seq)
+                    unsettled.append(UnsettledEffectFact(run.seq, running.name, run.call, seq, etype))
     facts = SessionFacts(
         session=fold.session or session or "",
         events=count,
@@ -259,6 +309,9 @@ def collect(events: Iterable[Event], session: str | None = None) -> SessionFacts
         ended_seqs=ended_seqs,
         dropped_seqs=dropped_seqs,
         resumed_seqs=resumed_seqs,
+        effect_starts=effect_starts,
+        unsettled_effects=unsettled,
+        effects=effects,
         fold=fold,
     )
     for state in fold.tool_calls():
@@ -267,6 +320,24 @@ def collect(events: Iterable[Event], session: str | None = None) -> SessionFacts
             call.status, call.included = state.status, state.included
     facts.calls, facts.replies = calls, replies
     return facts
+
+
+def _effect_start(
+    fold: ContextFold, data: dict[str, Any], seq: int, earlier_seq: int | None, earlier_phase: str | None
+) -> EffectStartFact:
+    call = fold.tool_call(str(data.get("call")))
+    reply = fold.reply_state(call.reply) if call is not None else None
+    played = reply is not None and not (reply.interrupted or reply.generating or reply.awaiting_playout)
+    return EffectStartFact(
+        seq=seq,
+        name=str(data.get("name")),
+        call=str(data.get("call")),
+        heard=data.get("heard") is True,
+        earlier_seq=earlier_seq,
+        earlier_phase=earlier_phase,
+        reply=call.reply if call is not None else None,
+        reply_played=played,
+    )
 
 
 def _mark_interrupted(fold: ContextFold, fact: ReplyFact, seq: int) -> None:

@@ -248,3 +248,60 @@ def slow_tool(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]
                     f"{_call(call.name, call.call)} {how}, over {which} of {limit_s:g} s",
                 )
                 break
+
+
+# -- Effects (SPEC section 8) ---------------------------------------------------------------------
+# Messages name the effect and its calls, never its key (an application's key may hold what it names).
+
+
+@rule("double-effect", "a real-world action started again although its earlier run had not failed")
+def double_effect(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """Only a ``failed`` run allows another: after ``done`` the recorded output answers, after ``started``
+    or ``unknown`` the action may have happened (a card charged twice, a table booked twice)."""
+    for start in facts.effect_starts:
+        if start.earlier_seq is None or start.earlier_phase == "failed":
+            continue
+        yield Violation(
+            facts.session,
+            start.seq,
+            "double-effect",
+            f"effect '{start.name}' started again for call [{start.call}] although its run started at seq "
+            f"{start.earlier_seq} is {start.earlier_phase} (only a failed run may be run again)",
+        )
+
+
+@rule("unheard-effect", "a heard-first action started before the reply announcing it played to its end")
+def unheard_effect(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """The caller must hear the announcement (and have the chance to say stop) before the action runs."""
+    for start in facts.effect_starts:
+        if not start.heard or start.reply_played:
+            continue
+        if start.reply is None:
+            why = f"its call [{start.call}] is not in the log"
+        else:
+            reply = facts.replies.get(start.reply)
+            cut = reply.interrupted_seq if reply is not None else None
+            why = (
+                f"its reply [{start.reply}] was interrupted at seq {cut}"
+                if cut is not None
+                else f"its reply [{start.reply}] had not played to its end"
+            )
+        yield Violation(
+            facts.session,
+            start.seq,
+            "unheard-effect",
+            f"effect '{start.name}' of call [{start.call}] is heard first but started although {why}",
+        )
+
+
+@rule("unsettled-effect", "a real-world action still started when the call ended or was resumed")
+def unsettled_effect(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+    """Nobody knows whether the action happened: resume must settle it to ``unknown``, a run must end."""
+    for fact in facts.unsettled_effects:
+        where = "the session ended" if fact.at_type == "session.ended" else "the session was resumed"
+        yield Violation(
+            facts.session,
+            fact.seq,
+            "unsettled-effect",
+            f"effect '{fact.name}' of call [{fact.call}] was still started when {where} at seq {fact.at_seq}",
+        )

@@ -268,8 +268,8 @@ def stats(
     until: Annotated[str | None, typer.Option(metavar="WHEN", help="Totals: sessions begun by WHEN.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Figures from the log: events, interruptions, tool outcomes and durations, drops, resumes,
-    handoffs, the recoveries calltape performed (late results delivered, duplicates prevented,
+    """Figures from the log: events, interruptions, tool outcomes and durations, effects by name and
+    outcome, drops, resumes, handoffs, the recoveries calltape performed (late results delivered, duplicates prevented,
     fenced writes, timeouts, …), and the voice latencies (p50/p95/p99): user stopped speaking to
     agent speech, interruption to agent silent, reply to first text, and tool durations by name."""
     since_ms = parse_when(since, "--since") if since else None
@@ -328,6 +328,8 @@ def _print_stats(figures: dict[str, Any], session: str | None) -> None:
     table.add_row("resumes", str(figures["resumes"]))
     table.add_row("handoffs", str(figures["handoffs"]))
     table.add_row("recoveries", counts(figures["recoveries"]))
+    if figures.get("effects"):
+        table.add_row("effects", "; ".join(f"{name}: {counts(c)}" for name, c in figures["effects"].items()))
     out().print(table)
     _print_latencies(figures["latency_ms"])
 

@@ -287,6 +287,8 @@ def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
                         cid_view.late = f"after the user spoke again (seq {last_user_seq})"
                     if cid_view.late:
                         counts["late_results"] += 1
+        elif kind == "tool.effect":
+            _effect_row(row(event, "agent", kind), data)
         else:
             if verbose:
                 row(event, "session", kind).add(f"{kind}", "dim")
@@ -316,6 +318,22 @@ _STATUS_STYLE = {
     "cancelled": "yellow",
     "in_progress": "blue",
 }
+
+
+_EFFECT_STYLE = {"started": "blue", "done": "green", "failed": "red", "unknown": "bold red"}
+
+
+def _effect_row(r: Row, data: dict[str, Any]) -> None:
+    """One phase of a real-world action (SPEC section 8): always shown, it is what the caller pays for."""
+    r.call = str(data.get("call"))
+    phase = str(data.get("phase"))
+    r.add("  ★ effect ", "bold").add(f"{data.get('name')} {data.get('key')!r}", "bold").add(" → ", "")
+    r.add(phase, _EFFECT_STYLE.get(phase, ""))
+    r.add(f" [{r.call}]", "dim")
+    if data.get("heard") is True:
+        r.add(" · heard first", "dim")
+    if phase == "done" and "output" in data:
+        r.add(f": {compact_json(data['output'], 60)}", "")
 
 
 def _render_row(r: Row, replies: dict[str, ReplyView], calls: dict[str, CallView]) -> None:

@@ -108,6 +108,10 @@ border:1px dashed #748ffc;border-radius:0 4px 4px 0}
 .ct-s-in_progress{background:#d0ebff;border-color:#1c7ed6}
 .ct-s-excluded{background:repeating-linear-gradient(135deg,#fff 0 4px,#e9ecef 4px 8px);border:1px dashed #868e96}
 .ct-s-excluded .ct-label{color:#868e96;font-style:italic}
+.ct-effect .ct-label{font-weight:600}
+.ct-effect.ct-s-done{background:#d3f9d8;border-color:#2f9e44}
+.ct-effect.ct-s-failed{background:#ffe3e3;border-color:#e03131}
+.ct-effect.ct-s-started{background:#d0ebff;border-color:#1c7ed6}
 .ct-open{border-right-style:dashed;border-top-right-radius:0;border-bottom-right-radius:0}
 .ct-interruption .ct-dot,.ct-cut .ct-dot{background:#f76707}
 .ct-interruption .ct-label,.ct-cut .ct-label{color:#d9480f;font-weight:600}
@@ -612,10 +616,10 @@ def _header(picture: Picture) -> str:
             "background:repeating-linear-gradient(135deg,#fff 0 4px,#dbe4ff 4px 8px);border:1px dashed #748ffc",
             "generated, not heard",
         ),
-        ("background:#d3f9d8;border:1px solid #2f9e44", "tool completed"),
+        ("background:#d3f9d8;border:1px solid #2f9e44", "tool completed, effect done"),
         ("background:#ffe8cc;border:2px solid #e8590c", "outcome unknown"),
         ("background:#fff3bf;border:1px solid #f08c00", "cancelled"),
-        ("background:#ffe3e3;border:1px solid #e03131", "error / timeout"),
+        ("background:#ffe3e3;border:1px solid #e03131", "error / timeout, effect failed"),
         ("background:rgba(224,49,49,.15);border-left:2px solid #e03131", "dropped"),
         ("border-left:2px dashed #f76707;width:2px", "barge-in"),
     ]

@@ -48,7 +48,8 @@ class Item:
     seqs: list[int]
     """The events the item stands for (shown in the details)."""
     status: str = ""
-    """Replies: ``heard``, ``interrupted``, ``unheard``; tools: the call's status, or ``excluded``."""
+    """Replies: ``heard``, ``interrupted``, ``unheard``; tools: the call's status, or ``excluded``;
+    effects: their latest phase (``started``, ``done``, ``failed``, ``unknown``)."""
     heard: str = ""
     unheard: str = ""
     """Replies: generated text the user never heard."""
@@ -96,6 +97,47 @@ class _Call:
     end_at: int | None = None
 
 
+@dataclass(slots=True)
+class _Effect:
+    """One run of an effect ``(name, key)``: from its ``started`` to the phase that settled it."""
+
+    item: Item
+    data: dict[str, Any]
+
+
+def _effect_title(data: dict[str, Any], phase: str) -> str:
+    title = f"effect {data.get('name')} {data.get('key')!r} [{data.get('call')}] → {phase}"
+    if data.get("heard") is True:
+        title += " · heard first"
+    return title
+
+
+def _on_effect(
+    effects: dict[tuple[str, str], _Effect], items: list[Item], data: dict[str, Any], at: int, seq: int
+) -> None:
+    """``tool.effect``: a ``started`` opens a span on the effects lane, the next phase of the same
+    ``(name, key)`` closes it with its outcome; a phase with nothing open (a reconcile's verdict after
+    ``unknown``) is a marker."""
+    key = (str(data.get("name")), str(data.get("key")))
+    phase = str(data.get("phase"))
+    label = f"{key[0]} {key[1]}"
+    if phase == "started":
+        item = Item("effect", "effect", at, at, f"{label} → started", _effect_title(data, "started"), [seq], "started")
+        item.open = True
+        items.append(item)
+        effects[key] = _Effect(item, data)
+        return
+    running = effects.pop(key, None)
+    if running is None:
+        items.append(Item("effect", "effect", at, None, f"{label} → {phase}", _effect_title(data, phase), [seq], phase))
+        return
+    item = running.item
+    item.end_ms, item.open, item.status = at, False, phase
+    item.label = f"{label} → {phase} · {_ms(at - item.start_ms)}"
+    item.title = _effect_title(running.data, phase) + f" in {_ms(at - item.start_ms)}"
+    item.seqs.append(seq)
+
+
 _AFTER_THE_FACT = frozenset({"session.redacted"})
 """Events an operator adds to a call after it (``calltape redact``): they do not stretch its time axis."""
 
@@ -111,6 +153,7 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
     dropped: list[tuple[int, int]] = []
     drop_at: int | None = None
     speech_at: tuple[int, int] | None = None  # (offset, seq) of the open user.speech.started
+    effects: dict[tuple[str, str], _Effect] = {}
     used: set[int] = set()
 
     def mark(lane: str, kind: str, at: int, label: str, title: str, seq: int) -> None:
@@ -160,7 +203,9 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
             if owner is not None:
                 owner.seqs.append(seq)
             calls.setdefault(str(data.get("call")), _Call(str(data.get("call")), at, [], data.get("arguments")))
-        if kind.startswith("tool.") and (call := calls.get(str(data.get("call")))) is not None:
+        if kind == "tool.effect":
+            _on_effect(effects, items, data, at, seq)
+        elif kind.startswith("tool.") and (call := calls.get(str(data.get("call")))) is not None:
             call.seqs.append(seq)
             if kind == "tool.started" and call.started_at is None:
                 call.started_at = at
@@ -193,10 +238,6 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         elif kind == "user.text":
             text = str(data.get("text", "")).strip()
             mark("transcript", "typed", at, text, f"user (typed): {text}", seq)
-        elif kind == "tool.effect":
-            name, phase = data.get("name"), data.get("phase")
-            title = f"effect {name} [{data.get('key')}] · {phase} (call {data.get('call')})"
-            mark("effect", "effect", at, f"{name} · {phase}", title, seq)
         elif kind in _CALL_MARKS:
             label, title = _CALL_MARKS[kind](data)
             mark("call", kind.rsplit(".", 1)[-1], at, label, title, seq)
@@ -210,6 +251,8 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
                 close_speech(at, None)
     end = last
     close_speech(end, None, open_=True)
+    for running in effects.values():  # still running at the last event
+        running.item.end_ms = max(end, running.item.start_ms)
     if drop_at is not None:
         dropped.append((drop_at, end))
     items.extend(_reply_items(fold, replies, end))

@@ -32,6 +32,8 @@ Rules where SPEC section 2 is silent (decided by the lead, implemented here):
 * **Duplicates.** Ids already folded are skipped. The set of seen ids lives in memory only and is
   *not* part of a snapshot: the tail folded after a snapshot comes from the store, which is unique
   by id, so it cannot repeat an event that went into the snapshot.
+* **Effects.** ``tool.effect`` (SPEC section 8) has no handler: it changes no context (the call's
+  ``tool.result`` carries the output), and is counted with the skipped events.
 * **Unknown types** (newer versions, ``x.*``) are skipped; so is an event of a known type whose
   ``data`` lacks a required field (counted in ``counters["malformed"]``). Skipped events still
   advance ``seq`` and can be a clean point.

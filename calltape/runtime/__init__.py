@@ -1,6 +1,7 @@
 """The live runtime: guarded tools, interruption-aware waits, resume and handoff (SPEC sections 3, 4)."""
 
-from calltape.errors import AlreadyResumed, Interrupted
+from calltape.errors import AlreadyResumed, EffectNotRun, EffectUnknown, Interrupted
+from calltape.runtime.effects import DEFAULT_EFFECT_TIMEOUT, EffectReconcile, Reconciled, effect
 from calltape.runtime.latency import Latencies, LatencyTracker, follow_latencies, session_latencies
 from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
@@ -11,15 +12,20 @@ from calltape.runtime.stats import merge_stats, session_stats
 from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
 
 __all__ = [
+    "DEFAULT_EFFECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "AlreadyResumed",
     "CallSession",
+    "EffectNotRun",
+    "EffectReconcile",
+    "EffectUnknown",
     "EventSink",
     "FoldedSink",
     "Interrupted",
     "Latencies",
     "LatencyTracker",
     "LiveCall",
+    "Reconciled",
     "Recovery",
     "RecoveryBus",
     "RecoveryStream",
@@ -29,6 +35,7 @@ __all__ = [
     "ToolOutcome",
     "ToolSpec",
     "canonical_arguments",
+    "effect",
     "follow_latencies",
     "handoff",
     "logging_sink",

@@ -7,10 +7,11 @@ Four layers, each a superset of the one before:
 - :class:`FoldedSink`: an event sink that also keeps the fold of what it wrote (``.fold``), so a
   reader (the adapters' reply tracker) reads the live context instead of keeping a second one.
 - :class:`ToolHost`: what the guarded tool runner (:class:`calltape.runtime.tools.ToolRunner`) needs:
-  durable writes, the tool specs, the state of a call and of a reply, a place to report recoveries.
+  durable writes, the tool specs, the state of a call and of a reply, a place to report recoveries,
+  and for effects (:mod:`calltape.runtime.effects`) playout waits and the log's effect events.
 - :class:`LiveCall`: the live call as adapters and servers use it: the above plus the agent, the
-  epoch, the context in a provider's format, guarded execution, barge-in, playout waits, handoff and
-  the end of the call.
+  epoch, the context in a provider's format, guarded execution, barge-in, handoff and the end of
+  the call.
 
 :class:`calltape.runtime.CallSession` is the one real :class:`LiveCall`. The module imports only
 the layers below the runtime and the runtime's value modules (``toolspec``, ``recovery``), never
@@ -97,6 +98,15 @@ class ToolHost(FoldedSink, Protocol):
         """Reports a recovery to the sinks and records it in the session's log."""
         ...
 
+    async def wait_for_playout(self, reply: str | None = None, timeout: float | None = None) -> None:
+        """Returns when the reply's playout ends; raises ``Interrupted`` within milliseconds of a barge-in."""
+        ...
+
+    async def effect_events(self) -> list[Event]:
+        """The session's ``tool.effect`` events as the log holds them, after everything this writer
+        emitted has committed (SPEC section 8: the effect API decides from the log, not from memory)."""
+        ...
+
 
 @runtime_checkable
 class LiveCall(ToolHost, Protocol):
@@ -131,10 +141,6 @@ class LiveCall(ToolHost, Protocol):
 
     def interrupt(self, reply: str | None = None, *, cause: str = "user_speech", heard: str | None = None) -> Event:
         """Barge-in: records ``interruption`` and releases every playout waiter at once."""
-        ...
-
-    async def wait_for_playout(self, reply: str | None = None, timeout: float | None = None) -> None:
-        """Returns when the reply's playout ends; raises ``Interrupted`` within milliseconds of a barge-in."""
         ...
 
     async def handoff(

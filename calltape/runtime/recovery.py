@@ -28,6 +28,9 @@ RecoveryKind = Literal[
     "fenced_write",
     "waiter_released",
     "not_started",
+    "effect_reused",
+    "effect_not_rerun",
+    "effect_not_run",
 ]
 
 RECOVERY_EVENT_TYPE = "x.recovery"

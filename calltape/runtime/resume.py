@@ -19,6 +19,8 @@ from calltape.errors import AlreadyResumed, ConcurrencyConflict
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.projections.effects import EffectLog, effect_event_id
+from calltape.runtime.effects import EffectReconcile, record_verdict
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries
 from calltape.runtime.toolspec import ToolSpec
 
@@ -91,9 +93,9 @@ class _Settler:
         self.agent, self.epoch = agent, epoch
         self.events: list[Event] = []
 
-    def add(self, event_type: str, data: dict[str, Any]) -> Event:
+    def add(self, event_type: str, data: dict[str, Any], id: str | None = None) -> Event:
         assert self.fold.session is not None
-        event = make_event(self.fold.session, event_type, data, agent=self.agent, epoch=self.epoch)
+        event = make_event(self.fold.session, event_type, data, id=id, agent=self.agent, epoch=self.epoch)
         event.seq = self.fold.seq + 1
         self.fold.apply(event)
         self.events.append(event)
@@ -116,6 +118,25 @@ async def _decide(call: ToolCallState, spec: ToolSpec | None, settler: _Settler)
     return "unknown"
 
 
+async def _settle_effects(tail: list[Event], hooks: Mapping[str, EffectReconcile], settler: _Settler) -> int:
+    """Settles every effect the tail leaves ``started`` (SPEC section 8): the application's reconcile hook
+    for its name may say ``done`` or ``failed``; otherwise ``unknown``, and it is never run again by
+    itself. A run starts while its tool call is open, so it is in the tail after the checkpoint."""
+    settled = 0
+    for state in EffectLog.of(tail).started():
+        run = state.runs[-1]
+        hook = hooks.get(state.name)
+        verdict = await hook(state.name, state.key) if hook is not None else None
+        if verdict is not None:
+            data = await record_verdict(None, state, run.call, verdict)
+            settler.add("tool.effect", data, id=effect_event_id(state.name, state.key, state.failures, "settled"))
+        else:
+            data = {"call": run.call, "name": state.name, "key": state.key, "phase": "unknown"}
+            settler.add("tool.effect", data, id=effect_event_id(state.name, state.key, state.failures, "unknown"))
+        settled += 1
+    return settled
+
+
 RESUME_RETRY_SECONDS = 30.0
 """How long :func:`resume` keeps re-planning while the old writer is still appending."""
 
@@ -132,6 +153,7 @@ async def resume(
     bus: RecoveryBus | None = None,
     take_over: bool = True,
     retry_for: float = RESUME_RETRY_SECONDS,
+    effects: Mapping[str, EffectReconcile] | None = None,
 ) -> ResumePlan:
     """Settles what the drop left open and hands the session to ``agent`` at a new epoch.
 
@@ -139,6 +161,8 @@ async def resume(
     While that writer still appends, the plan (made at one seq) loses the ``expected_seq`` race; it is
     then made again on the longer log, for up to ``retry_for`` seconds, until the resume lands and the
     old writer is fenced. Another *resume* winning in between is not retried: ``ConcurrencyConflict``.
+    ``effects`` maps an effect name to the application's reconcile hook (SPEC section 8): an effect the
+    drop left ``started`` is settled ``done``/``failed`` by it, else ``unknown``.
     ``take_over=False`` refuses (:class:`AlreadyResumed`) a call whose resumed agent is live (resumed
     and not dropped since), checked on the same read the plan is made from.
     Raises ``SessionNotFound``.
@@ -150,7 +174,7 @@ async def resume(
     while True:
         try:
             return await _resume_once(
-                store, session, agent, dry_run, tools, instructions, format, bus, take_over, first_epoch
+                store, session, agent, dry_run, tools, instructions, format, bus, take_over, first_epoch, effects
             )
         except _LostToResume:
             assert conflict is not None
@@ -186,6 +210,7 @@ async def _resume_once(
     bus: RecoveryBus | None,
     take_over: bool,
     first_epoch: int | None,
+    effects: Mapping[str, EffectReconcile] | None = None,
 ) -> ResumePlan:
     started = time.perf_counter()
     tools = tools or {}
@@ -208,6 +233,7 @@ async def _resume_once(
             settler.add("interruption", {"reply": reply.reply, "cause": "system"})
 
     tail = await store.read(session, after_seq=checkpoint)
+    settled_effects = await _settle_effects(tail, effects or {}, settler)
     tail_calls = list(dict.fromkeys(e.data["call"] for e in tail if e.type in _TOOL_EVENTS))
     decisions: list[ToolDecision] = []
     for call_id in tail_calls:
@@ -228,6 +254,7 @@ async def _resume_once(
         "retry": sum(d.decision == "retry" for d in decisions),
         "unknown": sum(d.decision == "unknown" for d in decisions),
         "reuse": sum(d.decision == "reuse" for d in decisions),
+        "effects_settled": settled_effects,
         "epoch": settler.epoch,
         "agent": agent,
     }

@@ -339,6 +339,11 @@ class CallSession:
         finally:
             self.playout.discard(rid, future)
 
+    async def effect_events(self) -> list[Event]:
+        """The session's ``tool.effect`` events in the log, once everything emitted so far has committed."""
+        await self.recorder.flush()
+        return [e for e in await self.recorder.store.read(self.session_id) if e.type == "tool.effect"]
+
     async def handoff(
         self, to: str, *, instructions: str | None = None, reason: str | None = None, format: str = "native"
     ) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 from calltape.events import Event
 from calltape.projections import ContextFold
+from calltape.projections.effects import EffectLog
 from calltape.runtime.latency import Latencies, LatencyTracker, percentile
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE
 
@@ -16,6 +17,7 @@ def session_stats(events: Iterable[Event], *, into: Latencies | None = None) -> 
     """Counts, tool outcomes and durations, the recoveries calltape performed, and the voice latency
     figures (:mod:`calltape.runtime.latency`); ``into`` also receives the latency samples, for totals."""
     fold = ContextFold()
+    effects = EffectLog()
     types: Counter[str] = Counter()
     recoveries: Counter[str] = Counter()
     tracker = LatencyTracker()
@@ -24,6 +26,7 @@ def session_stats(events: Iterable[Event], *, into: Latencies | None = None) -> 
     for event in events:
         if not fold.apply(event):
             continue  # a duplicate id: it happened once
+        effects.apply(event)
         for sample in tracker.observe(event):
             latencies.add(sample)
         types[event.type] += 1
@@ -51,8 +54,19 @@ def session_stats(events: Iterable[Event], *, into: Latencies | None = None) -> 
         "handoffs": types.get("agent.handoff", 0),
         "drops": types.get("session.dropped", 0),
         "recoveries": dict(sorted(recoveries.items())),
+        "effects": effect_outcomes(effects),
         "latency_ms": latencies.summary(),
     }
+
+
+def effect_outcomes(effects: EffectLog) -> dict[str, dict[str, int]]:
+    """Runs of each effect by name and outcome (a run's latest phase: done, failed, unknown, or
+    started when the log ends with it running), e.g. ``{"charge": {"done": 3, "unknown": 1}}``."""
+    counts: dict[str, Counter[str]] = {}
+    for state in effects:
+        for run in state.runs:
+            counts.setdefault(state.name, Counter())[run.phase] += 1
+    return {name: dict(sorted(c.items())) for name, c in sorted(counts.items())}
 
 
 def merge_stats(all_stats: Iterable[dict[str, Any]], latencies: Latencies | None = None) -> dict[str, Any]:
@@ -61,13 +75,17 @@ def merge_stats(all_stats: Iterable[dict[str, Any]], latencies: Latencies | None
     total: dict[str, Any] = {"sessions": 0, "events": 0, "interruptions": 0, "resumes": 0, "handoffs": 0, "drops": 0}
     outcomes: Counter[str] = Counter()
     recoveries: Counter[str] = Counter()
+    effects: dict[str, Counter[str]] = {}
     for s in all_stats:
         total["sessions"] += 1
         for key in ("events", "interruptions", "resumes", "handoffs", "drops"):
             total[key] += s[key]
         outcomes.update(s["tools"]["outcomes"])
         recoveries.update(s["recoveries"])
+        for name, outcomes_of in s.get("effects", {}).items():
+            effects.setdefault(name, Counter()).update(outcomes_of)
     total["tool_outcomes"] = dict(sorted(outcomes.items()))
     total["recoveries"] = dict(sorted(recoveries.items()))
+    total["effects"] = {name: dict(sorted(c.items())) for name, c in sorted(effects.items())}
     total["latency_ms"] = (latencies or Latencies()).summary()
     return total

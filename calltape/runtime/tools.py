@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from calltape.errors import EffectNotRun, EffectUnknown
 from calltape.projections import ToolCallState
+from calltape.runtime.effects import GuardedCall, enter_guarded, leave_guarded
 from calltape.runtime.protocol import ToolHost
 from calltape.runtime.recovery import Recovery
 from calltape.runtime.toolspec import (
@@ -142,7 +144,12 @@ class ToolRunner:
             self.call.emit("tool.progress", data)
 
         coro = body(progress) if _wants_progress(body) else body()  # type: ignore[call-arg]
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        # The body's task sees which call it runs for: calltape.effect() finds it there, whatever the adapter.
+        token = enter_guarded(GuardedCall(self, call_id, reply, name))
+        try:
+            task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        finally:
+            leave_guarded(token)
         running = self.running[call_id] = _Running(task, reply, spec)
         started = time.perf_counter()
         try:
@@ -171,6 +178,13 @@ class ToolRunner:
             if final is None:
                 return ToolOutcome({"status": "unknown"}, "unknown", ran=True)
             return ToolOutcome(final.output, final.status, ran=True)
+        except EffectNotRun:
+            # heard first, and the caller barged in before the announcement ended (SPEC section 8)
+            settle = {"call": call_id, "reason": "interrupted", "outcome": "not_run"}
+            return await self._settled(call_id, settle)
+        except EffectUnknown:
+            # an earlier run of the effect may have happened: never run again automatically
+            return await self._settled(call_id, {"call": call_id, "reason": "effect_unknown", "outcome": "unknown"})
         except Exception as exc:
             # The LLM is told `{"error": ...}`; the developer gets the traceback. The line itself names
             # the tool and the exception type only: the message may quote arguments (event content).
@@ -186,6 +200,14 @@ class ToolRunner:
                 "late_result", call=call_id, name=name, duration_ms=round((time.perf_counter() - started) * 1000, 3)
             )
         return ToolOutcome(output, "completed", ran=True)
+
+    async def _settled(self, call_id: str, cancel: dict[str, Any]) -> ToolOutcome:
+        """Records the call's ``tool.cancelled`` and returns what the context shows for it."""
+        await self.call.emit_durable("tool.cancelled", cancel)
+        final = self.call.call_state(call_id)
+        if final is None:
+            return ToolOutcome({"status": "cancelled", "reason": cancel["reason"]}, "cancelled", ran=True)
+        return ToolOutcome(final.output, final.status, ran=True)
 
     def on_interruption(self) -> None:
         """Applies each running tool's interruption policy once the fold has taken the interruption."""

@@ -69,8 +69,11 @@ def invariant_violations(
     return found
 
 
-def timeline_text(events: list[Event], width: int = 140) -> str:
-    """A session's timeline as ``calltape show`` prints it, as plain text (for failure messages)."""
+def timeline_text(events: list[Event], width: int = 140, *, around: int | None = None, radius: int = 6) -> str:
+    """A session's timeline as ``calltape show`` prints it, as plain text (for failure messages).
+
+    With ``around``, only the events within ``radius`` seqs of that seq, one line each (``calltape show
+    --verbose``), that seq's line marked ``▶``: the instant a rule names, in its surroundings."""
     from io import StringIO
 
     from rich.console import Console
@@ -80,16 +83,32 @@ def timeline_text(events: list[Event], width: int = 140) -> str:
     from calltape.cli.common import offset
     from calltape.cli.timeline import build_timeline
 
-    tl = build_timeline(events)
+    tl = build_timeline(events, verbose=around is not None)
+    rows = tl.rows
+    if around is not None:
+        rows = [r for r in rows if abs(r.seq - around) <= radius]
+        if not any(r.seq == around for r in rows):
+            # an event ``show`` folds into another line (a reply's start): name it on its own line
+            from calltape.cli.timeline import Row
+
+            event = next((e for e in events if e.seq == around), None)
+            if event is not None:
+                rows.append(Row(around, event.at_ms, "agent", event.type).add(event.type))
+                rows.sort(key=lambda r: r.seq)
     table = Table(box=None, header_style="bold", pad_edge=False, expand=False)
+    if around is not None:
+        table.add_column("")
     table.add_column("#", justify="right")
     table.add_column("time", justify="right")
     for name in ("user", "agent", "✓"):
         table.add_column(name)
-    for r in tl.rows:
+    for r in rows:
         text = Text("".join(segment for segment, _ in r.segments))
         user, agent = (text, Text()) if r.lane == "user" else (Text(), text)
-        table.add_row(str(r.seq), offset(r.at_ms - tl.first_at), user, agent, "✓" if r.clean else "")
+        cells: list[Any] = [str(r.seq), offset(r.at_ms - tl.first_at), user, agent, "✓" if r.clean else ""]
+        if around is not None:
+            cells.insert(0, "▶" if r.seq == around else "")
+        table.add_row(*cells)
     buffer = StringIO()
     Console(file=buffer, width=width, color_system=None, force_terminal=False).print(table)
     return buffer.getvalue()

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from calltape.errors import Interrupted, StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
@@ -102,6 +103,14 @@ class _Severed:
 
     def report(self, recovery: Recovery) -> None:
         return None
+
+    async def wait_for_playout(self, reply: str | None = None, timeout: float | None = None) -> None:
+        raise Interrupted(reply, "session.dropped")
+
+    async def effect_events(self) -> list[Event]:
+        # A lost writer cannot read the log, so it cannot claim an effect: the action is not run
+        # (its durable `started` could never have been written either).
+        raise StoreUnavailable("the call was lost: its writer cannot reach the log")
 
 
 class DropHook:

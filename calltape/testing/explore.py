@@ -35,7 +35,10 @@ from calltape.checks import CheckOptions, Violation
 from calltape.errors import Interrupted
 from calltape.events import Event
 from calltape.eventstore import EventStore
+from calltape.projections.effects import EffectLog, EffectState
+from calltape.projections.fold import ContextFold
 from calltape.runtime import CallSession, ToolSpec
+from calltape.testing.quiet import in_harness_run, quieted
 from calltape.testing.virtualtime import JumpingClockLoop
 
 Scenario = Callable[[CallSession], Awaitable[None]]
@@ -44,7 +47,7 @@ Scenario = Callable[[CallSession], Awaitable[None]]
 Assertion = Callable[["Run"], Any]
 """The user's own checks of one run (raise ``AssertionError``; may be async)."""
 
-__all__ = ["Exploration", "Run", "explore", "set_barge_in"]
+__all__ = ["USER_ASSERTION", "Exploration", "Run", "explore", "set_barge_in"]
 
 BargeIn = Callable[[], Any]
 """How a barge-in reaches the agent's framework (may return an awaitable)."""
@@ -79,26 +82,85 @@ class Run:
     """A drop run: the call id that was running when the call was dropped (then resumed)."""
     resume: dict[str, Any] | None = None
     """A drop run: the resume plan's JSON (checkpoint, epoch, tool decisions)."""
+    _folded: ContextFold | None = field(default=None, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
         """Whether this run broke an invariant or a user assertion."""
         return bool(self.violations or self.problems)
 
+    @property
+    def session(self) -> str:
+        """The run's session id in the exploration's store."""
+        return self.events[0].session if self.events else ""
+
+    # -- what a user's own assertion needs ------------------------------------------------------
+
+    def _fold(self) -> ContextFold:
+        if self._folded is None or self._folded.seq != (self.events[-1].seq if self.events else 0):
+            fold = ContextFold()
+            for event in self.events:
+                fold.apply(event)
+            self._folded = fold
+        return self._folded
+
+    def reply_of(self, call: str) -> str | None:
+        """The reply that carried the tool call ``call`` (None: no such call)."""
+        state = self._fold().tool_call(call)
+        return state.reply if state is not None else None
+
+    def heard(self, reply: str) -> str:
+        """The text of ``reply`` the caller heard (the context's, SPEC section 2 rule 3)."""
+        state = self._fold().reply_state(reply)
+        return state.heard if state is not None else ""
+
+    def played(self, reply: str) -> bool:
+        """Whether ``reply`` played to its end uninterrupted (a reply with no text: once it was done
+        with no interruption), the condition a heard-first effect waits for (SPEC section 8)."""
+        state = self._fold().reply_state(reply)
+        if state is None or state.interrupted:
+            return False
+        return state.speech_ended or (state.done and not state.generated)
+
+    def calls(self, name: str) -> list[str]:
+        """The call ids of tool ``name`` in this run, in order."""
+        return [e.data["call"] for e in self.events if e.type == "tool.call" and e.data.get("name") == name]
+
+    def effects(self, name: str) -> list[EffectState]:
+        """The effects of tool ``name`` (its real-world actions, by key) in the order first recorded, as
+        SPEC section 8 folds them (:class:`~calltape.projections.effects.EffectLog`): each with its latest
+        phase, its runs (the call and seq of every ``started``, and what became of it) and its output."""
+        return [state for state in EffectLog.of(self.events) if state.name == name]
+
+    # -- the report -----------------------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        """Where the barge-in or the drop landed, in words."""
+        if self.dropped is not None and self.after is None:
+            return f"a drop while tool call {self.dropped} ran (it did not land: the call finished first)"
+        if self.dropped is not None:
+            return f"a drop and resume while tool call {self.dropped} ran (landed after {self.after})"
+        if self.boundary is None:
+            return "the uninterrupted run"
+        return f"a barge-in at boundary {self.boundary} (landed after {self.after})"
+
+    @property
+    def landed_seq(self) -> int | None:
+        """The seq of the run's first barge-in or drop in the log (None: none was recorded)."""
+        kinds = ("session.dropped",) if self.dropped is not None else ("interruption", "session.dropped")
+        return next((e.seq for e in self.events if e.type in kinds), None)
+
     def describe(self) -> str:
         """The instant and what broke there (ids and rule names only, never the call's words)."""
-        if self.dropped is not None and self.after is None:
-            where = f"a drop while tool call {self.dropped} ran (it did not land: the call finished first)"
-        elif self.dropped is not None:
-            where = f"a drop and resume while tool call {self.dropped} ran (landed after {self.after})"
-        elif self.boundary is None:
-            where = "the uninterrupted run"
-        else:
-            where = f"a barge-in at boundary {self.boundary} (landed after {self.after})"
-        lines = [f"{where}:"]
+        lines = [f"{self.where}:"]
         lines += [f"  {v}" for v in self.violations]
         lines += [f"  {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+USER_ASSERTION = "assertion"
+"""The report's group of runs that broke the user's own assertions (or whose scenario raised)."""
 
 
 @dataclass
@@ -109,6 +171,9 @@ class Exploration:
     seconds: float
     notes: list[str] = field(default_factory=list)
     """What the exploration left out, and why (e.g. drop runs a framework caller cannot carry)."""
+    silenced: dict[str, int] = field(default_factory=dict)
+    """The framework's log messages the exploration kept quiet, by message, with how many times: expected
+    consequences of its own barge-ins and drops (:mod:`calltape.testing.quiet`)."""
 
     @property
     def baseline(self) -> Run:
@@ -120,20 +185,75 @@ class Exploration:
         """The runs that broke something, in boundary order."""
         return [r for r in self.runs if r.failed]
 
-    def assert_ok(self) -> None:
-        """Raises ``AssertionError`` naming the first failing instant (its timeline goes to stderr)."""
-        failures = self.failures
-        if not failures:
-            return
-        first = failures[0]
-        try:
-            from calltape.testing import timeline_text
+    def by_rule(self) -> dict[str, list[tuple[Run, int | None]]]:
+        """Every failing run grouped by the rule it broke (``assertion``: the user's own), each with the
+        seq the rule names (for an assertion: where the barge-in or drop was recorded); a run that
+        breaks several rules is in each group. Rules in their documented order."""
+        from calltape.checks import RULES
 
-            sys.stderr.write(f"calltape: timeline of the first failing run ({first.describe().splitlines()[0]})\n")
-            sys.stderr.write(timeline_text(first.events))
-        except Exception as exc:  # the timeline is a courtesy: never hide the failure
-            sys.stderr.write(f"calltape: timeline unavailable ({type(exc).__name__})\n")
-        raise AssertionError(f"{len(failures)} of {len(self.runs)} runs failed; the first: {first.describe()}")
+        groups: dict[str, list[tuple[Run, int | None]]] = {}
+        for run in self.failures:
+            for violation in run.violations:
+                groups.setdefault(violation.rule, []).append((run, violation.seq))
+            if run.problems:
+                groups.setdefault(USER_ASSERTION, []).append((run, run.landed_seq))
+        order = [*RULES, "context", USER_ASSERTION]
+        return dict(sorted(groups.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+
+    def summary(self) -> str:
+        """Every failing run, grouped by rule: where it landed, the seq and the sentence (ids and rule
+        names only, never the call's words: fit for an exception message or a log line)."""
+        failures = self.failures
+        lines = [f"{len(failures)} of {len(self.runs)} runs failed"]
+        for rule_id, entries in self.by_rule().items():
+            lines.append(f"{rule_id} ({len(entries)} run{'s' if len(entries) != 1 else ''}):")
+            for run, seq in entries:
+                at = f"seq {seq}" if seq is not None else "no seq"
+                if rule_id == USER_ASSERTION:  # first lines only: pytest's assertion detail is in the report
+                    lines += [
+                        f"  {run.where}, {at}: {p.strip().splitlines()[0] if p.strip() else p}" for p in run.problems
+                    ]
+                else:
+                    lines += [
+                        f"  {run.where}, seq {v.seq}: {v.message}"
+                        for v in run.violations
+                        if v.rule == rule_id and v.seq == seq
+                    ][:1]
+        return "\n".join(lines)
+
+    def report(self, *, radius: int = 6) -> str:
+        """:meth:`summary` with, under each entry, the run's timeline around the seq it names (that seq
+        marked ``▶``). The timelines show the call's words: print the report, never log it."""
+        from calltape.testing import timeline_text
+
+        failures = self.failures
+        lines = [f"{len(failures)} of {len(self.runs)} runs failed ({self.seconds:.1f} s)"]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.silenced:
+            count = sum(self.silenced.values())
+            lines.append(f"note: {count} expected framework log message{'s' if count != 1 else ''} kept quiet")
+        for rule_id, entries in self.by_rule().items():
+            lines.append("")
+            lines.append(f"== {rule_id}: {len(entries)} run{'s' if len(entries) != 1 else ''}")
+            for run, seq in entries:
+                found = [v.message for v in run.violations if v.rule == rule_id and v.seq == seq]
+                what = found[:1] if rule_id != USER_ASSERTION else run.problems
+                lines.append(f"-- {run.session}: {run.where}; seq {seq if seq is not None else '-'}")
+                lines += [f"   {w}" for w in what]
+                if seq is not None:
+                    try:
+                        lines.append(timeline_text(run.events, around=seq, radius=radius).rstrip())
+                    except Exception as exc:  # the timeline is a courtesy: never hide the failure
+                        lines.append(f"   (timeline unavailable: {type(exc).__name__})")
+        return "\n".join(lines)
+
+    def assert_ok(self) -> None:
+        """Raises ``AssertionError`` listing every failing run grouped by rule (:meth:`summary`); the
+        report with the timelines goes to stderr, where pytest shows it under the failing test."""
+        if not self.failures:
+            return
+        sys.stderr.write(f"calltape: exploration report\n{self.report()}\n")
+        raise AssertionError(self.summary())
 
 
 class _BargeIn:
@@ -190,6 +310,7 @@ async def _one_run(
     from calltape.testing import invariant_violations
     from calltape.testing.dropresume import DropHook, carries_drops
 
+    in_harness_run(at is not None or drop is not None)
     run = Run(boundary=at, dropped=drop[1] if drop else None)
     if isinstance(asyncio.get_running_loop(), JumpingClockLoop):
         # on a virtual clock every timer fires as soon as the loop waits on the database's thread, so
@@ -260,25 +381,58 @@ async def explore(
     A framework caller that cannot carry a drop over to a new session gets no drop runs, and
     :attr:`Exploration.notes` says so.
 
-    Returns every run; call :meth:`Exploration.assert_ok` to fail a test on the first broken instant.
+    Every run is checked against every rule of ``calltape check`` (:data:`calltape.checks.RULES`, so a
+    rule added there applies here) and the context invariants, with no assertion of the user's; then
+    against ``assertions``. The framework messages that are expected consequences of the barge-ins and
+    drops are kept quiet meanwhile (:mod:`calltape.testing.quiet`).
+
+    Returns every run; :meth:`Exploration.assert_ok` fails a test listing every failing run by rule,
+    :meth:`Exploration.report` adds each one's timeline around the seq its rule names.
     """
+    with quieted() as silenced:
+        exploration = await _explore_here(
+            scenario,
+            checks=[assertions] if callable(assertions) else list(assertions or []),
+            agent=agent,
+            options=options,
+            concurrency=concurrency,
+            tools=tools,
+            drops=drops,
+            virtual_time=virtual_time,
+        )
+    exploration.silenced = dict(silenced)
+    return exploration
+
+
+async def _explore_here(
+    scenario: Scenario,
+    *,
+    checks: list[Assertion],
+    agent: str,
+    options: CheckOptions | None,
+    concurrency: int,
+    tools: Mapping[str, ToolSpec] | None,
+    drops: bool,
+    virtual_time: bool,
+) -> Exploration:
+    """:func:`explore` on this loop, or on a virtual clock of its own."""
     from calltape.eventstore import open_store
 
     if virtual_time:
         from calltape.testing.virtualtime import run_in_virtual_time
 
         return await run_in_virtual_time(
-            lambda: explore(
+            lambda: _explore_here(
                 scenario,
-                assertions=assertions,
+                checks=checks,
                 agent=agent,
                 options=options,
                 concurrency=concurrency,
                 tools=tools,
                 drops=drops,
+                virtual_time=False,
             )
         )
-    checks = [assertions] if callable(assertions) else list(assertions or [])
     started = time.perf_counter()
     store = await open_store("sqlite://")  # one private in-memory store; each run is its own session
     try:

@@ -53,6 +53,9 @@ def test_the_registry_holds_exactly_the_contract_ids() -> None:
         "late-tokens",
         "unsettled-drop",
         "slow-tool",
+        "double-effect",
+        "unheard-effect",
+        "unsettled-effect",
     ]
 
 

@@ -77,7 +77,8 @@ async def test_exploration_finds_the_queued_call_of_an_interrupted_generation() 
     assert [r.after.split(",")[0] for r in failures if r.after] == ["agent.reply.done"] * len(failures)
     assert all({v.rule for v in r.violations} == {"late-start"} for r in failures)
     with pytest.raises(
-        AssertionError, match=r"runs failed; the first: a barge-in at boundary \d+ \(landed after agent.reply.done"
+        AssertionError,
+        match=r"runs failed\nlate-start \(\d+ runs?\):\n  a barge-in at boundary \d+ \(landed after agent.reply.done",
     ):
         exploration.assert_ok()
 
@@ -123,6 +124,11 @@ async def test_a_failing_user_assertion_is_reported_with_its_instant() -> None:
     assert not exploration.baseline.failed
     assert all(r.failed for r in exploration.runs[1:])
     assert "assertion failed: the agent was interrupted" in exploration.failures[0].describe()
+    # the summary (the exception message) gives one line per failing run: pytest's detail is in the report
+    lines = exploration.summary().splitlines()
+    assert lines[1] == f"assertion ({len(exploration.failures)} runs):"
+    assert len(lines) == 2 + len(exploration.failures)
+    assert all(line.endswith("assertion failed: the agent was interrupted") for line in lines[2:])
 
 
 def test_tool_specs_are_untouched() -> None:
@@ -143,3 +149,116 @@ async def test_virtual_time_explores_a_slow_scenario_in_no_wall_time() -> None:
     exploration.assert_ok()
     assert len(exploration.runs) == 5  # the uninterrupted run and a barge-in after each of its 4 events
     assert time.perf_counter() - started < 15  # 5 runs of 20 s each, on a virtual clock
+
+
+# -- the report: every failing run, by rule, with its seq and timeline -----------------------------
+
+
+def _row_seq(line: str) -> int | None:
+    """The seq of a timeline line (``▶ 12 +0.010 …`` or ``  11 +0.000 …``), None for other lines."""
+    tokens = line.split()
+    if tokens and tokens[0] == "▶":
+        tokens = tokens[1:]
+    return int(tokens[0]) if len(tokens) > 1 and tokens[0].isdigit() and tokens[1].startswith("+") else None
+
+
+async def test_the_report_lists_every_failing_run_grouped_by_rule_with_its_timeline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    exploration = await explore(unguarded_agent, assertions=no_booking_for_a_cancelled_turn)
+    failures = exploration.failures
+    assert len(failures) >= 1
+    groups = exploration.by_rule()
+    assert list(groups) == ["late-start"]
+    # every failing run is there (not only the first), each with the seq its violation names
+    assert [run for run, _ in groups["late-start"]] == failures
+    for run, seq in groups["late-start"]:
+        (violation,) = run.violations
+        assert seq == violation.seq
+        assert next(e for e in run.events if e.seq == seq).type == "tool.started"
+    report = exploration.report(radius=2)
+    for run, seq in groups["late-start"]:
+        block = report.split(f"-- {run.session}: ")[1].split("\n-- ")[0]
+        assert block.startswith(f"{run.where}; seq {seq}")
+        marked = [line for line in block.splitlines() if line.lstrip().startswith("▶")]
+        assert len(marked) == 1 and marked[0].split()[1] == str(seq)  # that seq's line, marked
+        seqs = [_row_seq(line) for line in block.splitlines()]
+        seqs = [n for n in seqs if n is not None]
+        assert min(seqs) >= seq - 2 and max(seqs) <= seq + 2 and seq in seqs  # the timeline around it
+    with pytest.raises(AssertionError) as raised:
+        exploration.assert_ok()
+    message = str(raised.value)
+    assert message.count("a barge-in at boundary") == len(failures)  # every failing run, in the message
+    assert "a table for two" not in message  # the call's words stay out of the exception
+    assert "▶" in capsys.readouterr().err  # the report with its timelines goes to stderr
+
+
+async def test_a_rule_added_to_calltape_check_applies_to_exploration_at_once() -> None:
+    from collections.abc import Iterator
+
+    from calltape.checks import RULES, CheckOptions, SessionFacts, Violation, rule
+
+    @rule("x-test-every-reply", "flags every reply (test only)")
+    def every_reply(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]:
+        for reply in facts.replies.values():
+            yield Violation(facts.session, 1, "x-test-every-reply", f"reply {reply.reply}")
+
+    try:
+        exploration = await explore(guarded_agent, drops=False)
+    finally:
+        del RULES["x-test-every-reply"]
+    assert (
+        exploration.failures
+        == [r for r in exploration.runs if r.events and any(e.type == "agent.reply.started" for e in r.events)]
+        != []
+    )
+    assert "x-test-every-reply" in exploration.by_rule()
+
+
+async def test_the_run_helpers_answer_what_a_users_assertion_asks() -> None:
+    seen: dict[int | None, tuple[str | None, str, bool, list[str]]] = {}
+
+    def record(run: Run) -> None:
+        reply = run.reply_of("c1")
+        seen[run.boundary] = (reply, run.heard("r1"), run.played("r1"), run.calls("book_table"))
+
+    exploration = await explore(guarded_agent, assertions=record, drops=False)
+    # uninterrupted: r1 carried c1 and was heard whole, but no playout was recorded: not "played"
+    assert seen[None] == ("r1", "Booking that now.", False, ["c1"])
+    # a barge-in before r1's text: nothing of it was heard, and it never played
+    early = [v for b, v in seen.items() if b is not None and v[1] == ""]
+    assert early and all(not played for _, _, played, _ in early)
+    assert exploration.runs[0].reply_of("nope") is None and exploration.runs[0].heard("nope") == ""
+
+
+def test_the_effects_of_a_name_are_read_from_the_effect_events() -> None:
+    from calltape.events import Event
+
+    def effect(seq: int, call: str, key: str, phase: str, output: Any = None) -> Event:
+        data: dict[str, Any] = {"call": call, "name": "charge_card", "key": key, "phase": phase}
+        if output is not None:
+            data["output"] = output
+        return Event("tool.effect", data, "s", id=f"e{seq}", seq=seq)
+
+    run = Run(
+        boundary=3,
+        events=[
+            effect(1, "c1", "order-1", "started"),
+            effect(2, "c1", "order-1", "done", {"charged": 40}),
+            effect(3, "c2", "order-1", "started"),  # asked again under a new call id, and run again
+            effect(4, "c2", "order-1", "done", {"charged": 40}),
+            effect(5, "c3", "order-2", "started"),
+            Event(
+                "tool.effect",
+                {"call": "c4", "name": "refund", "key": "order-1", "phase": "started"},
+                "s",
+                id="e6",
+                seq=6,
+            ),
+        ],
+    )
+    first, second = run.effects("charge_card")
+    assert (first.key, first.phase, first.output) == ("order-1", "done", {"charged": 40})
+    assert [(r.call, r.seq, r.phase) for r in first.runs] == [("c1", 1, "done"), ("c2", 3, "done")]  # run twice
+    assert (second.key, second.phase, [r.call for r in second.runs]) == ("order-2", "started", ["c3"])
+    assert [e.key for e in run.effects("refund")] == ["order-1"] and run.effects("nothing") == []

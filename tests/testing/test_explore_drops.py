@@ -83,10 +83,10 @@ async def test_a_side_effect_declared_idempotent_runs_twice_after_the_resume(
     assert run.resume is not None and [t["decision"] for t in run.resume["tools"]] == ["retry"]
     assert len(run.problems) == 1 and run.problems[0].startswith("assertion failed: booked 2 times")
     assert [r for r in exploration.failures if r.dropped is None] == []  # the barge-ins are fine
-    with pytest.raises(AssertionError, match=r"the first: a drop and resume while tool call c1 ran \(landed after"):
+    with pytest.raises(AssertionError, match=r"\n  a drop and resume while tool call c1 ran \(landed after"):
         exploration.assert_ok()
     err = capsys.readouterr().err
-    assert "timeline of the first failing run (a drop and resume while tool call c1 ran" in err
+    assert "-- explored-drop-1: a drop and resume while tool call c1 ran" in err and "▶" in err
 
 
 async def test_the_same_agent_with_the_tool_declared_as_it_is_passes() -> None:

@@ -97,7 +97,7 @@ async def test_a_booking_declared_idempotent_runs_twice_after_the_resume() -> No
     assert run.failed and len(run.problems) == 1, run.describe()
     assert run.problems[0].startswith("assertion failed: booked 2 times")
     assert [r for r in exploration.failures if r.dropped is None] == []  # the barge-ins are fine
-    with pytest.raises(AssertionError, match=r"the first: a drop and resume while tool call c1 ran \(landed after"):
+    with pytest.raises(AssertionError, match=r"\n  a drop and resume while tool call c1 ran \(landed after"):
         exploration.assert_ok()
 
 
