@@ -1,0 +1,129 @@
+"""The OpenAI Agents SDK realtime adapter on the SDK's real session, runner, agent and tools, with the
+SDK's own ``ScriptedRealtimeModel`` as the network (``tests/adapters/openai_agents_support.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents.realtime.testing")
+
+from agents import function_tool
+from agents.realtime import RealtimeAgent, RealtimeRunner
+from agents.realtime.model import RealtimePlaybackTracker
+from agents.realtime.model_events import RealtimeModelRawServerEvent
+from agents.realtime.model_inputs import RealtimeModelSendToolOutput
+from agents.realtime.testing import ScriptedRealtimeModel
+
+import calltape
+from calltape.adapters.openai_agents import attach
+from tests.adapters.openai_agents_support import (
+    audio_interrupted,
+    function_call,
+    sent,
+    spoken_reply,
+    tool_output_echo,
+    turn_ended,
+    until,
+    user_text,
+)
+
+pytestmark = pytest.mark.openai_agents
+
+
+def booking_agent(runs: list[str]) -> RealtimeAgent[Any]:
+    @function_tool
+    async def book(when: str) -> str:
+        """Books a table."""
+        runs.append(when)
+        return f"booked for {when}"
+
+    return RealtimeAgent(name="concierge", instructions="You book tables.", tools=[book])
+
+
+def shape(native: dict[str, Any]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for item in native["items"]:
+        if item["type"] == "message":
+            out.append((item["role"], item["content"], item.get("interrupted", False)))
+        elif item["type"] == "function_call":
+            out.append(("call", item["call_id"], item["name"]))
+        elif item["type"] == "function_call_output":
+            out.append(("output", item["call_id"], item["output"]))
+    return out
+
+
+BOOKED = [
+    ("system", "You book tables.", False),
+    ("user", "A table for two at seven", False),
+    ("assistant", "Let me check.", False),
+    ("call", "c1", "book"),
+    ("output", "c1", "booked for 19:00"),
+    ("assistant", "Your table for two is", True),
+]
+
+
+async def test_the_tap_records_the_call_as_the_session_runs_it(store_url: str, session_id: str) -> None:
+    runs: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+    tracker = RealtimePlaybackTracker()
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(booking_agent(runs), model=model).run(model_config={"playback_tracker": tracker})
+        await attach(session, ct, session_id, playback=tracker)
+        async with session:
+            await session.send_message("A table for two at seven")
+            await model.emit(*user_text("u1", "A table for two at seven"))
+            await model.emit(
+                *spoken_reply("r1", "a1", "Let me check.", 800),
+                function_call("c1", "book", '{"when": "19:00"}', "f1"),
+                turn_ended("r1"),
+            )
+            await until(lambda: sent(model, RealtimeModelSendToolOutput))
+            await model.emit(*tool_output_echo(sent(model, RealtimeModelSendToolOutput)[0], "f1"))
+            await model.emit(*spoken_reply("r2", "a2", "Your table for two is booked for seven tonight.", 3000))
+            tracker.on_play_ms("a2", 0, 1500)  # the user heard half of it, then spoke
+            await model.emit(audio_interrupted("a2"), turn_ended("r2"))
+        native = (await ct.context(session_id)).native()
+        events = await ct.store.read(session_id)
+    assert runs == ["19:00"]
+    assert shape(native) == BOOKED
+    started = next(e for e in events if e.type == "session.started")
+    assert started.data["framework"] == "openai-agents" and started.data["agent"] == "concierge"
+    call = next(e for e in events if e.type == "tool.call")
+    assert call.data["reply"] == "r1" and call.data["name"] == "book"
+
+
+async def test_raw_server_events_are_the_source_when_the_transport_forwards_them(
+    store_url: str, session_id: str
+) -> None:
+    """The OpenAI transport forwards every server event before its normalized ones: the tap maps those
+    (calltape's Realtime mapping), and the server's truncation says what was heard."""
+    model = ScriptedRealtimeModel(strict=False)
+
+    def raw(**event: Any) -> RealtimeModelRawServerEvent:
+        return RealtimeModelRawServerEvent(data=event)
+
+    text = "Your table for two is booked for seven tonight."
+    audio = "A" * (3000 * 48 * 4 // 3)  # base64 of 3 s of pcm16
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(booking_agent([]), model=model).run()
+        await attach(session, ct, session_id)
+        async with session:
+            await model.emit(
+                raw(type="session.created", session={"audio": {"output": {"format": {"type": "audio/pcm"}}}}),
+                raw(type="input_audio_buffer.speech_started", item_id="u1"),
+                raw(type="input_audio_buffer.speech_stopped", item_id="u1"),
+                raw(type="input_audio_buffer.committed", item_id="u1"),
+                raw(type="conversation.item.input_audio_transcription.completed", item_id="u1", transcript="Book it"),
+                raw(type="response.created", response={"id": "r1"}),
+                raw(type="response.output_audio_transcript.delta", response_id="r1", item_id="a1", delta=text),
+                raw(type="response.output_audio.delta", response_id="r1", item_id="a1", delta=audio),
+                # normalized events the transport also emits: ignored once raw events are the source
+                *spoken_reply("r1", "a1", text, 3000),
+                raw(type="input_audio_buffer.speech_started", item_id="u2"),
+                raw(type="conversation.item.truncated", item_id="a1", content_index=0, audio_end_ms=1500),
+                raw(type="response.done", response={"id": "r1", "status": "cancelled"}),
+            )
+        native = (await ct.context(session_id)).native()
+    assert shape(native)[1:] == [("user", "Book it", False), ("assistant", "Your table for two is", True)]
