@@ -20,30 +20,47 @@ Where the tap looks, and why:
   (``user.text``) and the output the SDK sent for an unguarded tool (``tool.result``, by call id,
   which the session's ``tool_end`` event lacks).
 * **The session's own events**: a handoff (``agent.handoff`` with the new agent's instructions).
+
+Guarded tools (SPEC section 3): :func:`attach` guards every function tool of the session's agent (and
+of the agents it hands off to) with :func:`guard`. A guarded call waits until its response completed
+(the Realtime API also sends the arguments of a response it then cancels: such a call never runs),
+then runs under ``call.run_tool``: ``tool.started`` durable before the body, a call id the log already
+answered returns the stored output, the tool's timeout, its interruption policy. When the session
+closes, the SDK cancels the tools still running: a guarded one records ``tool.cancelled``, an
+unguarded one is settled by the tap (``tool.cancelled``, ``reason: session_closed``, outcome
+unknown). When the *provider* ended the session (:attr:`OpenAIAgentsTap.ended`), a guarded body
+keeps running instead, and :meth:`OpenAIAgentsTap.renew` delivers its result into the new session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
+import functools
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
+from agents import FunctionTool
 from agents.realtime import RealtimeAgent, RealtimeSession
 from agents.realtime import model_events as me
 from agents.realtime.events import RealtimeHandoffEvent
 from agents.realtime.items import InputText, RealtimeToolCallItem, UserMessageItem
 from agents.realtime.model import RealtimeModelListener, RealtimePlaybackTracker
 from agents.realtime.model_events import RealtimeModelEvent, RealtimeModelToolCallEvent
+from agents.tool_context import ToolContext
+from pydantic import BaseModel
 
+from calltape.adapters.outcomes import outcome_message
 from calltape.adapters.realtime import RealtimeTap
 from calltape.events import now_ms
 from calltape.runtime.protocol import CallStarter, EventSink, LiveCall
-from calltape.runtime.toolspec import ToolSpec
+from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
-__all__ = ["SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "tap_of"]
+__all__ = ["SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "tap_of"]
 
 SUPPORTED_VERSIONS = ">=0.24"
 """The openai-agents releases this adapter is tested against (CI: the newest; 0.24.0 is the lowest,
@@ -53,6 +70,8 @@ FRAMEWORK = "openai-agents"
 
 # Sessions the tap is attached to, so restore/renew and guarded tools find it.
 _TAPS: weakref.WeakKeyDictionary[RealtimeSession, OpenAIAgentsTap] = weakref.WeakKeyDictionary()
+# Tool call id -> the tap that saw the model make it: a guarded tool finds its call from its ToolContext.
+_CALL_TAPS: weakref.WeakValueDictionary[str, OpenAIAgentsTap] = weakref.WeakValueDictionary()
 
 
 def tap_of(session: RealtimeSession) -> OpenAIAgentsTap | None:
@@ -91,6 +110,9 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self._items: set[str] = set()  # user items recorded (or seeded by a restore)
         self._calls: dict[str, RealtimeModelToolCallEvent] = {}  # every function call the model made
         self._early: dict[str, Any] = {}  # outputs that came before their call was recorded
+        self._call_response: dict[str, str] = {}  # call id -> the response that made it
+        self._gates: dict[str, asyncio.Future[bool]] = {}  # guarded calls waiting for their response
+        self._running: dict[str, asyncio.Future[ToolOutcome]] = {}  # guarded bodies under way
         self.ended: str | None = None
         """Why the provider ended the session (``end_of_stream``, ``disconnected``, a server error
         code), or None while it is live."""
@@ -111,6 +133,28 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self.session = session
         _TAPS[session] = self
         self._watch_session_events(session)
+        self._watch_close(session)
+
+    def _watch_close(self, session: RealtimeSession) -> None:
+        close = session.close
+        tap = weakref.ref(self)
+
+        async def closing() -> None:
+            await close()
+            owner = tap()
+            if owner is not None:
+                owner._closed()
+
+        session.close = closing  # type: ignore[method-assign,unused-ignore]
+
+    def _closed(self) -> None:
+        """The session closed: the SDK cancelled the tools it was running. An unguarded one is settled
+        here (its outcome is unknown); a guarded one settles itself, or lives on for a renewal."""
+        self.realtime.flush()
+        for state in self.realtime.replies.fold.tool_calls():
+            if state.included and state.status == "in_progress" and state.call_id not in self._running:
+                data = {"call": state.call_id, "reason": "session_closed", "outcome": "unknown"}
+                self.call.emit("tool.cancelled", data)
 
     def _watch_session_events(self, session: RealtimeSession) -> None:
         # The session's events go to a queue its consumer drains; the tap reads the ones it needs
@@ -144,6 +188,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             return
         if isinstance(event, me.RealtimeModelToolCallEvent):
             self._calls[event.call_id] = event
+            _CALL_TAPS[event.call_id] = self
         elif isinstance(event, me.RealtimeModelEndOfStreamEvent):
             self._end("end_of_stream")
         elif isinstance(event, me.RealtimeModelConnectionStatusEvent) and event.status == "disconnected":
@@ -155,11 +200,79 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
 
     def _server(self, data: dict[str, Any]) -> None:
         """One Realtime server event through calltape's Realtime mapping."""
+        kind = data["type"]
+        if kind == "response.function_call_arguments.done" and data.get("call_id"):
+            self._call_response[str(data["call_id"])] = str(data.get("response_id"))
         runnable = self.realtime.server_event(data)
         for fc in runnable:
             early = self._early.pop(fc.call_id, _MISSING)
             if early is not _MISSING:
                 self.call.emit("tool.result", {"call": fc.call_id, "output": early})
+            self._open_gate(fc.call_id, True)
+        if kind == "response.done":  # its calls that did not become runnable never will
+            rid = str((data.get("response") or {}).get("id"))
+            for call_id, response in list(self._call_response.items()):
+                if response == rid:
+                    del self._call_response[call_id]
+                    self._open_gate(call_id, self.realtime.replies.fold.tool_call(call_id) is not None)
+
+    def _open_gate(self, call_id: str, runnable: bool) -> None:
+        gate = self._gates.pop(call_id, None)
+        if gate is not None and not gate.done():
+            gate.set_result(runnable)
+
+    # -- guarded tools -------------------------------------------------------------------------
+
+    async def run_guarded(
+        self, call_id: str, name: str, arguments: str, body: Callable[[], Any], spec: ToolSpec | None = None
+    ) -> Any:
+        """Runs one function call of the session under ``call.run_tool`` (see the module docstring).
+
+        Returns what the SDK sends the model: the tool's output, or a sentence saying why there is none."""
+        live = self.live
+        if live is None:
+            raise RuntimeError("guarded tools need a live calltape call (a CallSession) as the tap's call")
+        spec = spec or live.tools.get(name) or ToolSpec()
+        if not await self._runnable(call_id, spec):
+            return NOT_RUN
+        state = live.call_state(call_id)
+
+        async def run() -> Any:
+            return _jsonable(await body())
+
+        inner = asyncio.ensure_future(
+            live.run_tool(
+                call_id, name, _parse(arguments or "{}"), run, reply=state.reply if state else None, spec=spec
+            )
+        )
+        self._running[call_id] = inner
+        inner.add_done_callback(lambda _: self._running.pop(call_id, None))
+        try:
+            outcome = await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            if self.ended is None:
+                inner.cancel()  # the session closed: the runner records tool.cancelled
+            else:  # the provider ended the session: the body goes on, renew() hands its result over
+                inner.add_done_callback(functools.partial(self._landed, call_id))
+            raise
+        return outcome.output if outcome.status == "completed" else outcome_message(outcome)
+
+    async def _runnable(self, call_id: str, spec: ToolSpec) -> bool:
+        """Waits until the call's response completed (True) or ended otherwise (False)."""
+        if self.realtime.replies.fold.tool_call(call_id) is not None:
+            return True
+        gate = self._gates.get(call_id)
+        if gate is None:
+            gate = self._gates[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(spec.timeout):
+                return await asyncio.shield(gate)
+        except TimeoutError:
+            self._gates.pop(call_id, None)
+            return False
+
+    def _landed(self, call_id: str, task: asyncio.Future[ToolOutcome]) -> None:
+        """A guarded call outlived its session (replaced in the renew slice)."""
 
     def _normalized(self, event: RealtimeModelEvent) -> None:
         """A normalized model event, as the Realtime server event it stands for."""
@@ -287,6 +400,56 @@ def _parse(output: str) -> Any:
         return output
 
 
+NOT_RUN = "this tool call was not run: the response that made it did not complete"
+"""What the model is told for a guarded call of a response that was cancelled (or never completed)."""
+
+
+def _jsonable(value: Any) -> Any:
+    """A tool's return value as JSON values (it goes into the log), as the SDK serializes it."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return str(value)
+    return value
+
+
+def guard(tool: FunctionTool, *, spec: ToolSpec | None = None) -> FunctionTool:
+    """Guards a function tool (in place; returns it): in a session with a tap, its calls run under
+    ``call.run_tool``; in a session without one, it runs as before.
+
+    ``spec`` overrides the call's ``tools={name: ToolSpec}`` entry (else the defaults: 10 s, ``finish``)."""
+    invoke = tool.on_invoke_tool
+    if getattr(invoke, "__calltape_guarded__", False):
+        return tool
+
+    async def guarded(ctx: ToolContext[Any], arguments: str) -> Any:
+        tap = _CALL_TAPS.get(ctx.tool_call_id)
+        if tap is None or tap.live is None:
+            return await invoke(ctx, arguments)
+        return await tap.run_guarded(ctx.tool_call_id, ctx.tool_name, arguments, lambda: invoke(ctx, arguments), spec)
+
+    guarded.__calltape_guarded__ = True  # type: ignore[attr-defined]
+    tool.on_invoke_tool = guarded
+    return tool
+
+
+def _guard_agent(agent: RealtimeAgent[Any], seen: set[int]) -> None:
+    """Guards the function tools of ``agent`` and of the agents it hands off to directly."""
+    if id(agent) in seen:
+        return
+    seen.add(id(agent))
+    for tool in agent.tools:
+        if isinstance(tool, FunctionTool):
+            guard(tool)
+    for handoff in agent.handoffs:
+        if isinstance(handoff, RealtimeAgent):
+            _guard_agent(handoff, seen)
+
+
 def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | OSError) or type(exc).__name__.startswith("ConnectionClosed")
 
@@ -308,7 +471,8 @@ async def attach(
     ``tape`` is a :func:`calltape.connect` object (a new call ``call_id`` is started with the agent's
     name and instructions) or a call already open (a :class:`~calltape.runtime.LiveCall`, or a
     recording-only :class:`~calltape.runtime.EventSink`). ``tools`` are the call's tool specs.
-    ``playback`` is the ``RealtimePlaybackTracker`` given to the session, if any.
+    ``playback`` is the ``RealtimePlaybackTracker`` given to the session, if any. The function tools of
+    the session's agent (and of the agents it hands off to) are guarded (:func:`guard`).
     """
     if isinstance(tape, EventSink):
         call: EventSink = tape
@@ -324,4 +488,5 @@ async def attach(
         )
     tap = OpenAIAgentsTap(call, playback=playback)
     tap.bind(session)
+    _guard_agent(_agent_of(session), set())
     return tap

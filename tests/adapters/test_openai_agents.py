@@ -3,6 +3,7 @@ SDK's own ``ScriptedRealtimeModel`` as the network (``tests/adapters/openai_agen
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from agents.realtime.model_inputs import RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
 
 import calltape
-from calltape.adapters.openai_agents import attach
+from calltape.adapters.openai_agents import NOT_RUN, attach
+from calltape.runtime import ToolSpec
 from tests.adapters.openai_agents_support import (
     audio_interrupted,
     function_call,
@@ -85,7 +87,7 @@ async def test_the_tap_records_the_call_as_the_session_runs_it(store_url: str, s
             tracker.on_play_ms("a2", 0, 1500)  # the user heard half of it, then spoke
             await model.emit(audio_interrupted("a2"), turn_ended("r2"))
         native = (await ct.context(session_id)).native()
-        events = await ct.store.read(session_id)
+        events = await logged(ct, session_id)
     assert runs == ["19:00"]
     assert shape(native) == BOOKED
     started = next(e for e in events if e.type == "session.started")
@@ -127,3 +129,128 @@ async def test_raw_server_events_are_the_source_when_the_transport_forwards_them
             )
         native = (await ct.context(session_id)).native()
     assert shape(native)[1:] == [("user", "Book it", False), ("assistant", "Your table for two is", True)]
+
+
+# -- guarded tools --------------------------------------------------------------------------------
+
+
+def slow_agent(calls: list[str], *, seconds: float, store: Any = None, session_id: str = "") -> RealtimeAgent[Any]:
+    @function_tool
+    async def book(when: str) -> str:
+        """Books a table (slowly)."""
+        if store is not None:  # the body runs only once the call's start is committed
+            types = [e.type for e in await store.read(session_id)]
+            calls.append(f"started durable: {'tool.started' in types}")
+        calls.append(when)
+        await asyncio.sleep(seconds)
+        calls.append("finished")
+        return f"booked for {when}"
+
+    return RealtimeAgent(name="concierge", instructions="You book tables.", tools=[book])
+
+
+async def _ask(model: ScriptedRealtimeModel, response: str = "r1", call_id: str = "c1") -> None:
+    await model.emit(
+        *spoken_reply(response, f"a_{response}", "Let me check.", 500),
+        function_call(call_id, "book", '{"when": "19:00"}', f"f_{call_id}"),
+        turn_ended(response),
+    )
+
+
+async def logged(ct: Any, session_id: str) -> list[Any]:
+    await ct.recorder.flush()
+    return list(await ct.store.read(session_id))
+
+
+def _events(events: list[Any], kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in events if e.type == kind]
+
+
+async def test_a_guarded_tool_starts_durably_and_times_out(store_url: str, session_id: str) -> None:
+    calls: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        agent = slow_agent(calls, seconds=5, store=ct.store, session_id=session_id)
+        session = await RealtimeRunner(agent, model=model).run()
+        await attach(session, ct, session_id, tools={"book": ToolSpec(timeout=0.3)})
+        async with session:
+            await _ask(model)
+            await until(lambda: sent(model, RealtimeModelSendToolOutput))
+        events = await logged(ct, session_id)
+    assert calls == ["started durable: True", "19:00"]
+    (output,) = sent(model, RealtimeModelSendToolOutput)
+    assert output.tool_call.call_id == "c1" and output.output == "the tool timed out"
+    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "timeout", "outcome": "unknown"}]
+
+
+async def test_tools_the_sdk_cancels_at_close_are_settled(store_url: str, session_id: str) -> None:
+    calls: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(slow_agent(calls, seconds=30), model=model).run()
+        await attach(session, ct, session_id)
+        async with session:
+            await _ask(model)
+            await until(lambda: calls == ["19:00"])
+        await asyncio.sleep(0.05)
+        native = (await ct.context(session_id)).native()
+        events = await logged(ct, session_id)
+    assert calls == ["19:00"]  # cancelled with the session: never finished
+    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "cancelled", "outcome": "unknown"}]
+    assert ("output", "c1", {"status": "unknown"}) in shape(native)
+
+
+async def test_a_barge_in_cancels_a_cancel_policy_tool(store_url: str, session_id: str) -> None:
+    calls: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+    tracker = RealtimePlaybackTracker()
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(slow_agent(calls, seconds=30), model=model).run()
+        await attach(session, ct, session_id, tools={"book": ToolSpec(on_interrupt="cancel")}, playback=tracker)
+        async with session:
+            await _ask(model)
+            await until(lambda: calls == ["19:00"])
+            tracker.on_play_ms("a_r1", 0, 200)
+            await model.emit(audio_interrupted("a_r1"))
+            await until(lambda: sent(model, RealtimeModelSendToolOutput))
+        events = await logged(ct, session_id)
+    (output,) = sent(model, RealtimeModelSendToolOutput)
+    assert "cancelled by the interruption" in output.output
+    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "interrupted", "outcome": "unknown"}]
+
+
+async def test_a_call_of_a_cancelled_response_never_runs(store_url: str, session_id: str) -> None:
+    """The server sends a call's arguments before it knows the response will complete: a response
+    cancelled after them (a barge-in) leaves a call that must not run."""
+    calls: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+
+    def raw(**event: Any) -> RealtimeModelRawServerEvent:
+        return RealtimeModelRawServerEvent(data=event)
+
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(slow_agent(calls, seconds=0), model=model).run()
+        await attach(session, ct, session_id)
+        async with session:
+            args = '{"when": "19:00"}'
+            await model.emit(
+                raw(type="response.created", response={"id": "r1"}),
+                raw(
+                    type="response.function_call_arguments.done",
+                    response_id="r1",
+                    item_id="f1",
+                    call_id="c1",
+                    name="book",
+                    arguments=args,
+                ),
+                function_call("c1", "book", args, "f1"),
+            )
+            await asyncio.sleep(0.05)
+            assert calls == []  # waiting for its response
+            await model.emit(raw(type="response.done", response={"id": "r1", "status": "cancelled"}))
+            await until(lambda: sent(model, RealtimeModelSendToolOutput))
+        events = await logged(ct, session_id)
+    assert calls == []
+    assert sent(model, RealtimeModelSendToolOutput)[0].output == NOT_RUN
+    assert not _events(events, "tool.call") and not _events(events, "tool.started")
+    assert _events(events, "x.realtime.discarded_calls")[0]["calls"] == [{"call": "c1", "name": "book"}]
