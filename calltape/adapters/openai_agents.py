@@ -36,31 +36,35 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
 from agents import FunctionTool
-from agents.realtime import RealtimeAgent, RealtimeSession
+from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 from agents.realtime import model_events as me
 from agents.realtime.events import RealtimeHandoffEvent
 from agents.realtime.items import InputText, RealtimeToolCallItem, UserMessageItem
 from agents.realtime.model import RealtimeModelListener, RealtimePlaybackTracker
 from agents.realtime.model_events import RealtimeModelEvent, RealtimeModelToolCallEvent
+from agents.realtime.model_inputs import RealtimeModelRawClientMessage, RealtimeModelSendRawMessage
 from agents.tool_context import ToolContext
 from pydantic import BaseModel
 
 from calltape.adapters.outcomes import outcome_message
-from calltape.adapters.realtime import RealtimeTap
+from calltape.adapters.realtime import RealtimeTap, seed_events
+from calltape.client import Calltape
 from calltape.events import now_ms
 from calltape.runtime.protocol import CallStarter, EventSink, LiveCall
 from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
-__all__ = ["SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "tap_of"]
+__all__ = ["REANCHOR", "SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "restore", "tap_of"]
 
 SUPPORTED_VERSIONS = ">=0.24"
 """The openai-agents releases this adapter is tested against (CI: the newest; 0.24.0 is the lowest,
@@ -271,6 +275,34 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             self._gates.pop(call_id, None)
             return False
 
+    # -- seeding a session from the log ---------------------------------------------------------
+
+    async def seed(self, context: Mapping[str, Any], *, reanchor: str | None = None) -> None:
+        """Puts a native calltape context into the session's conversation, before its first response.
+
+        Each item becomes a ``conversation.item.create`` (calltape's ``realtime`` format: what the user
+        heard of each reply, every included call with its one output) with a stable id, so the server's
+        echo of a seeded user message is not recorded again. Outputs still ``in_progress`` are left out:
+        the tool's result goes in when it lands. ``reanchor`` ends the seed as a system message."""
+        session = self.session
+        if session is None:
+            raise RuntimeError("the tap is not bound to a session")
+        items = [
+            i
+            for i in context.get("items", [])
+            if not (i.get("type") == "function_call_output" and i.get("status") == "in_progress")
+        ]
+        created = [e.item.model_dump(mode="json", exclude_none=True) for e in seed_events({**context, "items": items})]
+        if reanchor:
+            created.append({"type": "message", "role": "system", "content": [{"type": "input_text", "text": reanchor}]})
+        anchor = f"{context.get('session')}:{context.get('seq')}"
+        for n, item in enumerate(created):
+            item["id"] = "ct_" + hashlib.sha256(f"{anchor}:{n}".encode()).hexdigest()[:24]  # at most 32 chars
+            if item.get("role") == "user":
+                self._items.add(item["id"])
+            message: RealtimeModelRawClientMessage = {"type": "conversation.item.create", "other_data": {"item": item}}
+            await session.model.send_event(RealtimeModelSendRawMessage(message=message))
+
     def _landed(self, call_id: str, task: asyncio.Future[ToolOutcome]) -> None:
         """A guarded call outlived its session (replaced in the renew slice)."""
 
@@ -450,6 +482,15 @@ def _guard_agent(agent: RealtimeAgent[Any], seen: set[int]) -> None:
             _guard_agent(handoff, seen)
 
 
+REANCHOR = (
+    "This conversation was restored after the connection was lost. The items above are what was said, "
+    "what the user actually heard of each reply, and the tool results. Continue from there: do not greet "
+    "the user again, do not repeat what they already heard, and do not run again a tool whose outcome is "
+    "unknown (ask the user instead)."
+)
+"""The system message that ends a restored conversation (re-anchors the model on where the call is)."""
+
+
 def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | OSError) or type(exc).__name__.startswith("ConnectionClosed")
 
@@ -490,3 +531,38 @@ async def attach(
     tap.bind(session)
     _guard_agent(_agent_of(session), set())
     return tap
+
+
+@contextlib.asynccontextmanager
+async def restore(
+    runner: RealtimeRunner,
+    tape: Calltape,
+    call_id: str,
+    *,
+    agent: str | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
+    context: Any = None,
+    model_config: Any = None,
+    playback: RealtimePlaybackTracker | None = None,
+    reanchor: str | None = REANCHOR,
+) -> AsyncIterator[RealtimeSession]:
+    """A dropped call, restored into a new session: ``async with restore(runner, ct, "call-1") as session``.
+
+    Resumes the call in the log (:meth:`calltape.Calltape.resume_call`: what the drop left open is
+    settled, the old writer fenced) on ``agent`` (default: the runner's agent), opens a session from
+    ``runner`` (``context`` and ``model_config`` go to ``runner.run``), attaches the tap, and seeds the
+    session's conversation with the call's context before anything else is sent (:meth:`OpenAIAgentsTap.seed`):
+    the turns, the heard text of interrupted replies, the settled tool outputs, then ``reanchor``.
+    The session is closed when the block exits.
+    """
+    session = await runner.run(context=context, model_config=model_config)
+    resumed = await tape.resume_call(call_id, agent=agent or _agent_of(session).name, tools=tools)
+    tap = OpenAIAgentsTap(resumed.call, playback=playback)
+    tap.bind(session)
+    _guard_agent(_agent_of(session), set())
+    await session.enter()
+    try:
+        await tap.seed(resumed.call.context(), reanchor=reanchor)
+        yield session
+    finally:
+        await session.close()

@@ -4,6 +4,12 @@ SDK's own ``ScriptedRealtimeModel`` as the network (``tests/adapters/openai_agen
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,14 +17,14 @@ import pytest
 pytest.importorskip("agents.realtime.testing")
 
 from agents import function_tool
-from agents.realtime import RealtimeAgent, RealtimeRunner
+from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 from agents.realtime.model import RealtimePlaybackTracker
 from agents.realtime.model_events import RealtimeModelRawServerEvent
-from agents.realtime.model_inputs import RealtimeModelSendToolOutput
+from agents.realtime.model_inputs import RealtimeModelSendRawMessage, RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
 
 import calltape
-from calltape.adapters.openai_agents import NOT_RUN, attach
+from calltape.adapters.openai_agents import NOT_RUN, REANCHOR, attach, restore
 from calltape.runtime import ToolSpec
 from tests.adapters.openai_agents_support import (
     audio_interrupted,
@@ -66,6 +72,24 @@ BOOKED = [
 ]
 
 
+async def book_then_barge_in(
+    session: RealtimeSession, model: ScriptedRealtimeModel, tracker: RealtimePlaybackTracker
+) -> None:
+    """The user asks for a table; the agent books it; the user cuts the confirmation halfway (BOOKED)."""
+    await session.send_message("A table for two at seven")
+    await model.emit(*user_text("u1", "A table for two at seven"))
+    await model.emit(
+        *spoken_reply("r1", "a1", "Let me check.", 800),
+        function_call("c1", "book", '{"when": "19:00"}', "f1"),
+        turn_ended("r1"),
+    )
+    await until(lambda: sent(model, RealtimeModelSendToolOutput))
+    await model.emit(*tool_output_echo(sent(model, RealtimeModelSendToolOutput)[0], "f1"))
+    await model.emit(*spoken_reply("r2", "a2", "Your table for two is booked for seven tonight.", 3000))
+    tracker.on_play_ms("a2", 0, 1500)  # the user heard half of it, then spoke
+    await model.emit(audio_interrupted("a2"), turn_ended("r2"))
+
+
 async def test_the_tap_records_the_call_as_the_session_runs_it(store_url: str, session_id: str) -> None:
     runs: list[str] = []
     model = ScriptedRealtimeModel(strict=False)
@@ -74,18 +98,7 @@ async def test_the_tap_records_the_call_as_the_session_runs_it(store_url: str, s
         session = await RealtimeRunner(booking_agent(runs), model=model).run(model_config={"playback_tracker": tracker})
         await attach(session, ct, session_id, playback=tracker)
         async with session:
-            await session.send_message("A table for two at seven")
-            await model.emit(*user_text("u1", "A table for two at seven"))
-            await model.emit(
-                *spoken_reply("r1", "a1", "Let me check.", 800),
-                function_call("c1", "book", '{"when": "19:00"}', "f1"),
-                turn_ended("r1"),
-            )
-            await until(lambda: sent(model, RealtimeModelSendToolOutput))
-            await model.emit(*tool_output_echo(sent(model, RealtimeModelSendToolOutput)[0], "f1"))
-            await model.emit(*spoken_reply("r2", "a2", "Your table for two is booked for seven tonight.", 3000))
-            tracker.on_play_ms("a2", 0, 1500)  # the user heard half of it, then spoke
-            await model.emit(audio_interrupted("a2"), turn_ended("r2"))
+            await book_then_barge_in(session, model, tracker)
         native = (await ct.context(session_id)).native()
         events = await logged(ct, session_id)
     assert runs == ["19:00"]
@@ -254,3 +267,80 @@ async def test_a_call_of_a_cancelled_response_never_runs(store_url: str, session
     assert sent(model, RealtimeModelSendToolOutput)[0].output == NOT_RUN
     assert not _events(events, "tool.call") and not _events(events, "tool.started")
     assert _events(events, "x.realtime.discarded_calls")[0]["calls"] == [{"call": "c1", "name": "book"}]
+
+
+# -- restore --------------------------------------------------------------------------------------
+
+
+def cli_context(store_url: str, session_id: str) -> list[dict[str, Any]]:
+    """``calltape context SESSION --format realtime``, run as users run it."""
+    exe = shutil.which("calltape", path=str(Path(sys.executable).parent)) or "calltape"
+    env = {k: v for k, v in os.environ.items() if k not in ("CALLTAPE_DATABASE_URL", "CALLTAPE_TENANT")}
+    proc = subprocess.run(
+        [exe, "--db", store_url, "context", session_id, "--format", "realtime"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    result: list[dict[str, Any]] = json.loads(proc.stdout)
+    return result
+
+
+def seeded(model: ScriptedRealtimeModel) -> list[dict[str, Any]]:
+    """The items the session put into its new conversation (ids aside)."""
+    items = []
+    for event in sent(model, RealtimeModelSendRawMessage):
+        assert event.message["type"] == "conversation.item.create"
+        items.append({k: v for k, v in event.message["other_data"]["item"].items() if k != "id"})
+    return items
+
+
+async def test_a_dropped_call_restored_into_a_new_session_has_the_context_at_the_drop(
+    store_url: str, session_id: str
+) -> None:
+    runs: list[str] = []
+    first = ScriptedRealtimeModel(strict=False)
+    tracker = RealtimePlaybackTracker()
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(booking_agent(runs), model=first).run()
+        tap = await attach(session, ct, session_id, playback=tracker)
+        async with session:
+            await book_then_barge_in(session, first, tracker)
+            assert tap.live is not None
+            await tap.live.drop("network")  # the process loses the call here
+        await ct.recorder.flush()
+    at_the_drop = await asyncio.to_thread(cli_context, store_url, session_id)
+    assert [e["item"] for e in at_the_drop][-1]["content"] == [{"type": "output_text", "text": "Your table for two is"}]
+
+    second = ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        async with restore(RealtimeRunner(booking_agent(runs), model=second), ct, session_id) as restored:
+            items = seeded(second)
+            assert items[:-1] == [e["item"] for e in at_the_drop]
+            assert items[-1] == {
+                "type": "message",
+                "role": "system",
+                "content": [{"type": "input_text", "text": REANCHOR}],
+            }
+            # the server echoes the seeded user message: not a new user turn
+            await second.emit(*user_text(_seed_id(second, 0), "A table for two at seven"))
+            # the model asks for the booking again under the same call id: answered from the log
+            await second.emit(
+                *spoken_reply("r3", "a3", "Booked.", 500),
+                function_call("c1", "book", '{"when": "19:00"}', "f9"),
+                turn_ended("r3"),
+            )
+            await until(lambda: sent(second, RealtimeModelSendToolOutput))
+            assert restored is not None
+        events = await logged(ct, session_id)
+        native = (await ct.context(session_id)).native()
+    assert runs == ["19:00"]  # once, in the first session
+    assert sent(second, RealtimeModelSendToolOutput)[0].output == "booked for 19:00"
+    assert [e.data["text"] for e in events if e.type == "user.text"] == ["A table for two at seven"]
+    assert _events(events, "session.resumed")[0]["epoch"] == 2
+    assert shape(native)[:6] == BOOKED and shape(native)[6] == ("assistant", "Booked.", False)
+
+
+def _seed_id(model: ScriptedRealtimeModel, n: int) -> str:
+    return str(sent(model, RealtimeModelSendRawMessage)[n].message["other_data"]["item"]["id"])
