@@ -53,7 +53,11 @@ from agents.realtime.events import RealtimeHandoffEvent
 from agents.realtime.items import InputText, RealtimeToolCallItem, UserMessageItem
 from agents.realtime.model import RealtimeModelListener, RealtimePlaybackTracker
 from agents.realtime.model_events import RealtimeModelEvent, RealtimeModelToolCallEvent
-from agents.realtime.model_inputs import RealtimeModelRawClientMessage, RealtimeModelSendRawMessage
+from agents.realtime.model_inputs import (
+    RealtimeModelRawClientMessage,
+    RealtimeModelSendRawMessage,
+    RealtimeModelSendToolOutput,
+)
 from agents.tool_context import ToolContext
 from pydantic import BaseModel
 
@@ -61,14 +65,31 @@ from calltape.adapters.outcomes import outcome_message
 from calltape.adapters.realtime import RealtimeTap, seed_events
 from calltape.client import Calltape
 from calltape.events import now_ms
+from calltape.projections import output_text
 from calltape.runtime.protocol import CallStarter, EventSink, LiveCall
+from calltape.runtime.resume import cut_replies
 from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
-__all__ = ["REANCHOR", "SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "restore", "tap_of"]
+__all__ = ["REANCHOR", "RENEW_ANCHOR", "SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "restore", "tap_of"]
 
 SUPPORTED_VERSIONS = ">=0.24"
 """The openai-agents releases this adapter is tested against (CI: the newest; 0.24.0 is the lowest,
 the first with the SDK's ``agents.realtime.testing.ScriptedRealtimeModel``)."""
+
+REANCHOR = (
+    "This conversation was restored after the connection was lost. The items above are what was said, "
+    "what the user actually heard of each reply, and the tool results. Continue from there: do not greet "
+    "the user again, do not repeat what they already heard, and do not run again a tool whose outcome is "
+    "unknown (ask the user instead)."
+)
+"""The system message that ends a restored conversation (re-anchors the model on where the call is)."""
+
+RENEW_ANCHOR = (
+    "The voice session was renewed; the conversation goes on. The items above are what was said, what the "
+    "user actually heard of each reply, and the tool results. A tool call still running has its result "
+    "delivered when it lands. Continue from there without greeting the user again or repeating yourself."
+)
+"""The system message that ends a renewed session's seeded conversation."""
 
 FRAMEWORK = "openai-agents"
 
@@ -117,6 +138,10 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self._call_response: dict[str, str] = {}  # call id -> the response that made it
         self._gates: dict[str, asyncio.Future[bool]] = {}  # guarded calls waiting for their response
         self._running: dict[str, asyncio.Future[ToolOutcome]] = {}  # guarded bodies under way
+        self._outlived: dict[str, ToolOutcome] = {}  # results of calls that outlived their session
+        self._seeded_outputs: set[str] = set()  # calls whose output the last seed put in
+        self._accepting = True  # the bound session takes results (False between a provider end and renew)
+        self._tasks: set[asyncio.Task[None]] = set()
         self.ended: str | None = None
         """Why the provider ended the session (``end_of_stream``, ``disconnected``, a server error
         code), or None while it is live."""
@@ -292,6 +317,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             for i in context.get("items", [])
             if not (i.get("type") == "function_call_output" and i.get("status") == "in_progress")
         ]
+        self._seeded_outputs = {i["call_id"] for i in items if i.get("type") == "function_call_output"}
         created = [e.item.model_dump(mode="json", exclude_none=True) for e in seed_events({**context, "items": items})]
         if reanchor:
             created.append({"type": "message", "role": "system", "content": [{"type": "input_text", "text": reanchor}]})
@@ -304,7 +330,74 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             await session.model.send_event(RealtimeModelSendRawMessage(message=message))
 
     def _landed(self, call_id: str, task: asyncio.Future[ToolOutcome]) -> None:
-        """A guarded call outlived its session (replaced in the renew slice)."""
+        """A guarded call outlived the session the provider ended: its result goes to the next one."""
+        if task.cancelled() or task.exception() is not None:
+            return  # the runner recorded how it ended
+        self._outlived[call_id] = task.result()
+        if self._accepting:
+            self._spawn(self._deliver())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self) -> None:
+        """Hands the results of calls that outlived their session to the session now bound."""
+        session = self.session
+        for call_id in list(self._outlived):
+            outcome = self._outlived.pop(call_id)
+            fc = self._calls.get(call_id)
+            if session is None or fc is None or call_id in self._seeded_outputs:
+                continue  # its output was seeded already (it landed before the renewal)
+            text = output_text(outcome.output) if outcome.status == "completed" else outcome_message(outcome)
+            await session.model.send_event(RealtimeModelSendToolOutput(tool_call=fc, output=text, start_response=True))
+
+    # -- renewing a session the provider ended -------------------------------------------------
+
+    async def renew(
+        self,
+        runner: RealtimeRunner,
+        *,
+        context: Any = None,
+        model_config: Any = None,
+        reanchor: str | None = RENEW_ANCHOR,
+    ) -> RealtimeSession:
+        """Continues the call in a new session of ``runner`` (entered; returned) once the provider ended
+        the current one (:attr:`ended`: its session limit, a server error, a lost connection), or now.
+
+        The same calltape call goes on (same writer, same epoch): the replies the end cut are settled
+        (what was heard is kept), the new conversation is seeded from the log (:meth:`seed`), and the
+        result of a guarded call still running when the old session ended is delivered into it when it
+        lands (``function_call_output`` and a new response). ``x.openai_agents.renewed`` marks the place
+        in the log."""
+        live = self.live
+        if live is None:
+            raise RuntimeError("renewing needs a live calltape call (a CallSession) as the tap's call")
+        reason = self.ended or "requested"
+        self.ended = reason  # closing the old session must not cancel the guarded calls still running
+        self._accepting = False
+        if self.session is not None:
+            await self.session.close()
+        self.realtime.flush()
+        for event_type, data in cut_replies(live.fold):
+            live.emit(event_type, data)
+        live.emit("x.openai_agents.renewed", {"reason": reason})
+        for call_id in list(self._gates):  # calls of responses that never completed: never run
+            self._open_gate(call_id, False)
+        session = await runner.run(context=context, model_config=model_config)
+        self.realtime = RealtimeTap(self.call, clock=self._clock)
+        self._raw, self._response = False, None
+        self._first_audio.clear()
+        self._call_response.clear()
+        self.ended = None
+        self.bind(session)
+        _guard_agent(_agent_of(session), set())
+        await session.enter()
+        await self.seed(live.context(), reanchor=reanchor)
+        self._accepting = True
+        await self._deliver()
+        return session
 
     def _normalized(self, event: RealtimeModelEvent) -> None:
         """A normalized model event, as the Realtime server event it stands for."""
@@ -480,15 +573,6 @@ def _guard_agent(agent: RealtimeAgent[Any], seen: set[int]) -> None:
     for handoff in agent.handoffs:
         if isinstance(handoff, RealtimeAgent):
             _guard_agent(handoff, seen)
-
-
-REANCHOR = (
-    "This conversation was restored after the connection was lost. The items above are what was said, "
-    "what the user actually heard of each reply, and the tool results. Continue from there: do not greet "
-    "the user again, do not repeat what they already heard, and do not run again a tool whose outcome is "
-    "unknown (ask the user instead)."
-)
-"""The system message that ends a restored conversation (re-anchors the model on where the call is)."""
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -19,7 +19,12 @@ pytest.importorskip("agents.realtime.testing")
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 from agents.realtime.model import RealtimePlaybackTracker
-from agents.realtime.model_events import RealtimeModelRawServerEvent
+from agents.realtime.model_events import (
+    RealtimeModelConnectionStatusEvent,
+    RealtimeModelEndOfStreamEvent,
+    RealtimeModelErrorEvent,
+    RealtimeModelRawServerEvent,
+)
 from agents.realtime.model_inputs import RealtimeModelSendRawMessage, RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
 
@@ -344,3 +349,59 @@ async def test_a_dropped_call_restored_into_a_new_session_has_the_context_at_the
 
 def _seed_id(model: ScriptedRealtimeModel, n: int) -> str:
     return str(sent(model, RealtimeModelSendRawMessage)[n].message["other_data"]["item"]["id"])
+
+
+# -- renew ----------------------------------------------------------------------------------------
+
+
+async def test_a_session_the_provider_ends_is_renewed_with_the_running_tool_result_delivered(
+    store_url: str, session_id: str
+) -> None:
+    calls: list[str] = []
+    release = asyncio.Event()
+
+    @function_tool
+    async def book(when: str) -> str:
+        """Books a table (the booking system is slow)."""
+        calls.append(when)
+        await release.wait()
+        calls.append("finished")
+        return f"booked for {when}"
+
+    agent = RealtimeAgent(name="concierge", instructions="You book tables.", tools=[book])
+    first, second = ScriptedRealtimeModel(strict=False), ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(agent, model=first).run()
+        tap = await attach(session, ct, session_id)
+        await session.enter()
+        await session.send_message("A table for two at seven")
+        await first.emit(*user_text("u1", "A table for two at seven"))
+        await _ask(first)
+        await until(lambda: calls == ["19:00"])
+        # the server's session limit: an error, then the connection closes
+        await first.emit(
+            RealtimeModelErrorEvent(error={"type": "invalid_request_error", "code": "session_expired", "message": "x"}),
+            RealtimeModelConnectionStatusEvent(status="disconnected"),
+            RealtimeModelEndOfStreamEvent(),
+        )
+        assert tap.ended == "session_expired"
+        renewed = await tap.renew(RealtimeRunner(agent, model=second))
+        try:
+            assert first.closed and calls == ["19:00"]  # the old session closed; the booking goes on
+            items = seeded(second)
+            assert [i["type"] for i in items] == ["message", "message", "function_call", "message"]
+            assert items[2]["call_id"] == "c1" and items[-1]["role"] == "system"  # no output yet: it runs
+            release.set()
+            await until(lambda: sent(second, RealtimeModelSendToolOutput))
+            (delivered,) = sent(second, RealtimeModelSendToolOutput)
+            assert delivered.tool_call.call_id == "c1" and delivered.start_response
+            assert delivered.output == "booked for 19:00"
+        finally:
+            await renewed.close()
+        events = await logged(ct, session_id)
+        native = (await ct.context(session_id)).native()
+    assert calls == ["19:00", "finished"]
+    assert not _events(events, "tool.cancelled")
+    assert _events(events, "x.openai_agents.renewed") == [{"reason": "session_expired"}]
+    assert _events(events, "x.openai_agents.error") == [{"type": "invalid_request_error", "code": "session_expired"}]
+    assert ("output", "c1", "booked for 19:00") in shape(native)
