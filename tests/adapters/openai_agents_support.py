@@ -6,6 +6,8 @@ answers each send with the normalized events the OpenAI transport would emit for
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -90,3 +92,92 @@ async def until(predicate: Callable[[], Any], timeout: float = 5.0) -> None:
 
 def sent(model: ScriptedRealtimeModel, kind: type[Any]) -> list[Any]:
     return [e for e in model.sent_events if isinstance(e, kind)]
+
+
+class FakeRealtimeServer:
+    """The Realtime API's end of the WebSocket, played by the test, for the SDK's real OpenAI transport
+    (``OpenAIRealtimeWebSocketModel``) to connect to: the network is the only fake.
+
+    It greets with ``session.created``, keeps every client event, and answers a
+    ``conversation.item.truncate`` with ``conversation.item.truncated`` as the API does; the test sends
+    the rest (:meth:`send`)."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self._conn: Any = None
+        self._n = 0
+
+    async def __aenter__(self) -> FakeRealtimeServer:
+        from websockets.asyncio.server import serve
+
+        self._server = await serve(self._handle, "127.0.0.1", 0)
+        port = next(iter(self._server.sockets)).getsockname()[1]
+        self.url = f"ws://127.0.0.1:{port}/v1/realtime"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, conn: Any) -> None:
+        self._conn = conn
+        session = {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": "sess_1",
+            "model": "gpt-realtime",
+            "output_modalities": ["audio"],
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}}},
+        }
+        await self.send({"type": "session.created", "session": session})
+        async for message in conn:
+            event = json.loads(message)
+            self.received.append(event)
+            if event["type"] == "conversation.item.truncate":
+                await self.send(
+                    {
+                        "type": "conversation.item.truncated",
+                        "item_id": event["item_id"],
+                        "content_index": event.get("content_index", 0),
+                        "audio_end_ms": event["audio_end_ms"],
+                    }
+                )
+
+    async def send(self, *events: dict[str, Any]) -> None:
+        for event in events:
+            self._n += 1
+            await self._conn.send(json.dumps({"event_id": f"evt_{self._n}", **event}))
+
+    def got(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        """The client events of ``kind`` received so far (whose item has the ``match`` fields)."""
+        found = [e for e in self.received if e["type"] == kind]
+        return [e for e in found if all((e.get("item") or {}).get(k) == v for k, v in match.items())]
+
+
+def server_reply(response: str, item: str, text: str, audio_ms: int, output_index: int = 0) -> list[dict[str, Any]]:
+    """A spoken reply as the Realtime API streams it (created, its item, transcript and audio)."""
+    audio = base64.b64encode(b"\0" * (audio_ms * BYTES_PER_MS)).decode()
+    where = {"response_id": response, "item_id": item, "output_index": output_index, "content_index": 0}
+    return [
+        {
+            "type": "response.created",
+            "response": {"id": response, "object": "realtime.response", "status": "in_progress", "output": []},
+        },
+        {
+            "type": "response.output_item.added",
+            "response_id": response,
+            "output_index": output_index,
+            "item": {"id": item, "type": "message", "role": "assistant", "status": "in_progress", "content": []},
+        },
+        {"type": "response.output_audio_transcript.delta", **where, "delta": text},
+        {"type": "response.output_audio.delta", **where, "delta": audio},
+    ]
+
+
+def server_done(
+    response: str, status: str = "completed", *output: dict[str, Any], reason: str | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": response, "object": "realtime.response", "status": status, "output": list(output)}
+    if reason is not None:
+        body["status_details"] = {"type": status, "reason": reason}
+    return {"type": "response.done", "response": body}

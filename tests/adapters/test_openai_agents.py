@@ -32,9 +32,12 @@ import calltape
 from calltape.adapters.openai_agents import NOT_RUN, REANCHOR, attach, restore
 from calltape.runtime import ToolSpec
 from tests.adapters.openai_agents_support import (
+    FakeRealtimeServer,
     audio_interrupted,
     function_call,
     sent,
+    server_done,
+    server_reply,
     spoken_reply,
     tool_output_echo,
     turn_ended,
@@ -405,3 +408,45 @@ async def test_a_session_the_provider_ends_is_renewed_with_the_running_tool_resu
     assert _events(events, "x.openai_agents.renewed") == [{"reason": "session_expired"}]
     assert _events(events, "x.openai_agents.error") == [{"type": "invalid_request_error", "code": "session_expired"}]
     assert ("output", "c1", "booked for 19:00") in shape(native)
+
+
+async def test_the_sdks_openai_transport_against_a_realtime_server(store_url: str, session_id: str) -> None:
+    """The SDK's real OpenAI WebSocket transport, connected to a fake Realtime server: the raw server
+    events it forwards are the tap's source; its own truncate (at the playback tracker's position) comes
+    back as the server's ``conversation.item.truncated``, which says what the user heard."""
+    runs: list[str] = []
+    tracker = RealtimePlaybackTracker()
+    call = {"id": "f1", "type": "function_call", "status": "completed", "call_id": "c1", "name": "book"}
+    call["arguments"] = '{"when": "19:00"}'
+    user = {"id": "u1", "type": "message", "role": "user", "status": "completed"}
+    user["content"] = [{"type": "input_text", "text": "A table for two at seven"}]
+    async with FakeRealtimeServer() as server, calltape.connect(store_url) as ct:
+        config: Any = {"url": server.url, "headers": {"x-test": "1"}, "playback_tracker": tracker}
+        session = await RealtimeRunner(booking_agent(runs)).run(model_config=config)
+        tap = await attach(session, ct, session_id, playback=tracker)
+        async with session:
+            await session.send_message("A table for two at seven")
+            await until(lambda: server.got("response.create"))
+            await server.send(
+                {"type": "conversation.item.added", "previous_item_id": None, "item": user},
+                *server_reply("r1", "a1", "Let me check.", 800),
+                {"type": "response.output_item.done", "response_id": "r1", "output_index": 1, "item": call},
+                server_done("r1", "completed", call),
+            )
+            await until(lambda: server.got("conversation.item.create", type="function_call_output"))
+            await until(lambda: len(server.got("response.create")) == 2)
+            tracker.on_play_ms("a2", 0, 1500)  # what the app played of the next reply when the user spoke
+            await server.send(*server_reply("r2", "a2", "Your table for two is booked for seven tonight.", 3000))
+            await server.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": 5000, "item_id": "u2"})
+            await until(lambda: server.got("conversation.item.truncate"))
+            await server.send(server_done("r2", "cancelled", reason="turn_detected"))
+            await until(lambda: getattr(tap.realtime.replies.state("r2"), "done", False))
+        events = await logged(ct, session_id)
+        native = (await ct.context(session_id)).native()
+    assert runs == ["19:00"]
+    assert (
+        server.got("conversation.item.create", type="function_call_output")[0]["item"]["output"] == "booked for 19:00"
+    )
+    assert server.got("conversation.item.truncate")[0]["audio_end_ms"] == 1500
+    assert not _events(events, "x.openai_agents.error")
+    assert shape(native) == BOOKED
