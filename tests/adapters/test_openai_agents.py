@@ -450,3 +450,67 @@ async def test_the_sdks_openai_transport_against_a_realtime_server(store_url: st
     assert server.got("conversation.item.truncate")[0]["audio_end_ms"] == 1500
     assert not _events(events, "x.openai_agents.error")
     assert shape(native) == BOOKED
+
+
+# -- recording only, handoffs ---------------------------------------------------------------------
+
+
+async def test_recording_only_unguarded_outputs_by_call_id_and_settled_at_close(session_id: str) -> None:
+    """Into a recording-only sink the tools run as the SDK runs them: the output the SDK sends is the
+    call's result (by call id), and a tool still running at close is settled, its outcome unknown."""
+    from calltape.adapters.replies import EventCollector
+
+    calls: list[str] = []
+
+    @function_tool
+    async def lookup(when: str) -> str:
+        """Looks a slot up."""
+        return f"free at {when}"
+
+    @function_tool
+    async def book(when: str) -> str:
+        """Books (never finishes here)."""
+        calls.append(when)
+        await asyncio.sleep(30)
+        return "booked"
+
+    agent = RealtimeAgent(name="concierge", instructions="You book tables.", tools=[lookup, book])
+    model = ScriptedRealtimeModel(strict=False)
+    sink = EventCollector(session_id)
+    session = await RealtimeRunner(agent, model=model).run()
+    await attach(session, sink)
+    async with session:
+        await model.emit(*spoken_reply("r1", "a1", "One moment.", 500))
+        await model.emit(function_call("c1", "lookup", '{"when": "19:00"}', "f1"))
+        await until(lambda: sent(model, RealtimeModelSendToolOutput))
+        # the output reaches the model before its response is done: kept until the call is recorded
+        await model.emit(*tool_output_echo(sent(model, RealtimeModelSendToolOutput)[0], "f1"))
+        await model.emit(function_call("c2", "book", '{"when": "19:00"}', "f2"), turn_ended("r1"))
+        await until(lambda: calls == ["19:00"])
+    kinds = [(e.type, e.data.get("call")) for e in sink.events if e.type.startswith("tool.")]
+    # both calls are recorded when their response completes; the early output right after
+    assert kinds == [("tool.call", "c1"), ("tool.call", "c2"), ("tool.result", "c1"), ("tool.cancelled", "c2")]
+    assert sink.events[-1].data == {"call": "c2", "reason": "session_closed", "outcome": "unknown"}
+    outputs = [i for i in sink.fold.native()["items"] if i["type"] == "function_call_output"]
+    assert [(o["call_id"], o["output"]) for o in outputs] == [("c1", "free at 19:00"), ("c2", {"status": "unknown"})]
+
+
+async def test_a_handoff_is_recorded_with_the_new_agents_instructions(store_url: str, session_id: str) -> None:
+    billing = RealtimeAgent(name="billing", instructions="You answer billing questions.")
+    triage = RealtimeAgent(name="triage", instructions="You route calls.", handoffs=[billing])
+    model = ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(triage, model=model).run()
+        await attach(session, ct, session_id)
+        async with session:
+            await model.emit(
+                *spoken_reply("r1", "a1", "Let me transfer you.", 500),
+                function_call("c1", "transfer_to_billing", "{}", "f1"),
+                turn_ended("r1"),
+            )
+            await until(lambda: sent(model, RealtimeModelSendToolOutput))
+        events = await logged(ct, session_id)
+        native = (await ct.context(session_id)).native()
+    (handoff,) = _events(events, "agent.handoff")
+    assert handoff == {"from": "triage", "to": "billing", "instructions": "You answer billing questions."}
+    assert native["agent"] == "billing" and native["items"][0]["content"] == "You answer billing questions."
