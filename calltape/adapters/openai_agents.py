@@ -168,10 +168,12 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         close = session.close
         tap = weakref.ref(self)
 
+        closed = weakref.ref(session)
+
         async def closing() -> None:
             await close()
             owner = tap()
-            if owner is not None:
+            if owner is not None and owner.session is closed():  # not a session renewed since
                 owner._closed()
 
         session.close = closing  # type: ignore[method-assign,unused-ignore]
@@ -377,8 +379,10 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         reason = self.ended or "requested"
         self.ended = reason  # closing the old session must not cancel the guarded calls still running
         self._accepting = False
-        if self.session is not None:
-            await self.session.close()
+        old = self.session
+        if old is not None:
+            await old.close()
+            old.model.remove_listener(self)
         self.realtime.flush()
         for event_type, data in cut_replies(live.fold):
             live.emit(event_type, data)
