@@ -72,9 +72,10 @@ from calltape.runtime.toolspec import ToolOutcome, ToolSpec
 
 __all__ = ["REANCHOR", "RENEW_ANCHOR", "SUPPORTED_VERSIONS", "OpenAIAgentsTap", "attach", "guard", "restore", "tap_of"]
 
-SUPPORTED_VERSIONS = ">=0.24"
-"""The openai-agents releases this adapter is tested against (CI: the newest; 0.24.0 is the lowest,
-the first with the SDK's ``agents.realtime.testing.ScriptedRealtimeModel``)."""
+SUPPORTED_VERSIONS = ">=0.21.1"
+"""The openai-agents releases this adapter is tested against (CI: 0.21.1 and the newest). 0.21.1 is the
+first with both the SDK's scripted realtime model (``agents.realtime.testing``, the tests' network) and
+the end-of-stream model event (how the tap learns the provider closed the session)."""
 
 REANCHOR = (
     "This conversation was restored after the connection was lost. The items above are what was said, "
