@@ -209,11 +209,11 @@ async def test_tools_the_sdk_cancels_at_close_are_settled(store_url: str, sessio
     model = ScriptedRealtimeModel(strict=False)
     async with calltape.connect(store_url) as ct:
         session = await RealtimeRunner(slow_agent(calls, seconds=30), model=model).run()
-        await attach(session, ct, session_id)
+        tap = await attach(session, ct, session_id)
         async with session:
             await _ask(model)
             await until(lambda: calls == ["19:00"])
-        await asyncio.sleep(0.05)
+        await until(lambda: getattr(tap.realtime.replies.fold.tool_call("c1"), "status", None) != "in_progress")
         native = (await ct.context(session_id)).native()
         events = await logged(ct, session_id)
     assert calls == ["19:00"]  # cancelled with the session: never finished
