@@ -28,7 +28,7 @@ from calltape.projections import ContextFold, ToolCallState
 from calltape.runtime.recovery import Recovery
 from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 
-__all__ = ["EventSink", "FoldedSink", "LiveCall", "ToolHost"]
+__all__ = ["CallStarter", "EventSink", "FoldedSink", "LiveCall", "ToolHost"]
 
 
 @runtime_checkable
@@ -155,4 +155,22 @@ class LiveCall(ToolHost, Protocol):
 
     async def drop(self, reason: str | None = None) -> None:
         """Records ``session.dropped`` (durable)."""
+        ...
+
+
+class CallStarter(Protocol):
+    """What an adapter's one-call attach needs to open a call: :class:`calltape.Calltape` (from
+    ``calltape.connect``)."""
+
+    async def start_call(
+        self,
+        session_id: str,
+        *,
+        agent: str,
+        instructions: str | None = ...,
+        modality: Any = ...,
+        framework: str | None = ...,
+        tools: Mapping[str, ToolSpec] | None = ...,
+    ) -> LiveCall:
+        """Starts a new call (``session.started`` committed) and returns it."""
         ...

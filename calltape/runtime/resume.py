@@ -137,6 +137,20 @@ async def _settle_effects(tail: list[Event], hooks: Mapping[str, EffectReconcile
     return settled
 
 
+def cut_replies(fold: ContextFold) -> list[tuple[str, dict[str, Any]]]:
+    """The events that settle the replies a lost connection cut (a drop, a provider ending its session).
+
+    A reply whose playout had started keeps what was heard so far; one still generating (or queued)
+    was not heard at all."""
+    settled: list[tuple[str, dict[str, Any]]] = []
+    for reply in fold.open_replies():  # a list, taken before any settling event is folded
+        if reply.speech_started:
+            settled.append(("agent.speech.ended", {"reply": reply.reply, "interrupted": True, "heard": reply.heard}))
+        else:
+            settled.append(("interruption", {"reply": reply.reply, "cause": "system"}))
+    return settled
+
+
 RESUME_RETRY_SECONDS = 30.0
 """How long :func:`resume` keeps re-planning while the old writer is still appending."""
 
@@ -226,11 +240,8 @@ async def _resume_once(
         raise _LostToResume  # another resume landed while we re-planned: that race had one winner
     settler = _Settler(fold, agent, epoch + 1)
 
-    for reply in fold.open_replies():  # a list, taken before the first settling event
-        if reply.speech_started:  # playout cut by the drop: keep what was heard so far
-            settler.add("agent.speech.ended", {"reply": reply.reply, "interrupted": True, "heard": reply.heard})
-        else:  # generation (or queued speech) cut: nothing of it was heard
-            settler.add("interruption", {"reply": reply.reply, "cause": "system"})
+    for event_type, data in cut_replies(fold):
+        settler.add(event_type, data)
 
     tail = await store.read(session, after_seq=checkpoint)
     settled_effects = await _settle_effects(tail, effects or {}, settler)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from livekit.agents import Agent, AgentSession, llm, tts
 
@@ -17,23 +17,9 @@ from calltape.adapters.livekit.context import instructions_of
 from calltape.adapters.livekit.tap import LiveKitTap, attach
 from calltape.adapters.livekit.tools import unguarded_tools
 from calltape.runtime import LiveCall, ToolSpec
+from calltape.runtime.protocol import CallStarter
 
 __all__ = ["modality_of", "start"]
-
-
-class CallStarter(Protocol):
-    """What :func:`start` needs to open a call: :class:`calltape.Calltape` (from ``calltape.connect``)."""
-
-    async def start_call(
-        self,
-        session_id: str,
-        *,
-        agent: str,
-        instructions: str | None = ...,
-        modality: Any = ...,
-        framework: str | None = ...,
-        tools: Mapping[str, ToolSpec] | None = ...,
-    ) -> LiveCall: ...
 
 
 def modality_of(session: AgentSession[Any], agent: Agent | None = None) -> str:

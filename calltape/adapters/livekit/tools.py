@@ -14,6 +14,7 @@ from livekit.agents import function_tool as lk_function_tool
 from livekit.agents.llm import ToolError
 
 from calltape.adapters.livekit.tap import tap_of
+from calltape.adapters.outcomes import outcome_message
 from calltape.runtime import ToolOutcome, ToolSpec
 
 __all__ = ["function_tool", "guarded", "unguarded_tools"]
@@ -76,26 +77,12 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
             tap.land(fc, ctx.speech_handle)
             if outcome.status == "completed":
                 return outcome.output
-            raise ToolError(_outcome_message(outcome))
+            raise ToolError(outcome_message(outcome))
 
         wrapper.__calltape_guarded__ = True  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate(fn) if fn is not None else decorate
-
-
-def _outcome_message(outcome: ToolOutcome) -> str:
-    if outcome.status == "error":
-        output = outcome.output
-        detail = output.get("error") if isinstance(output, dict) else output
-        return str(detail) if detail else "the tool failed"
-    if outcome.status == "unknown" and outcome.ran:  # a cancel-policy body cut by the barge-in
-        return "the tool call was cancelled by the interruption; whether it took effect is unknown"
-    return {
-        "timeout": "the tool timed out",
-        "cancelled": "the tool call was cancelled",
-        "unknown": "the outcome of this tool call is unknown; it was not run again",
-    }.get(outcome.status, f"the tool call ended as {outcome.status}")
 
 
 def function_tool(
