@@ -101,6 +101,8 @@ class LiveKitTap:
         self.replies = ReplyTracker(call)
         self._speeches: dict[str, _Speech] = {}
         self._last: _Speech | None = None
+        self._cut: list[_Speech] = []
+        """Interrupted speeches whose message (what was heard) LiveKit has not delivered yet."""
         self._guarded_calls: set[str] = set()
         self._unguarded: dict[str, llm.FunctionCall] = {}
         """Unguarded calls that started, until they settle."""
@@ -234,6 +236,8 @@ class LiveKitTap:
             self._settle_dropped(handle)
         self._close_reply(sp)
         self._speeches.pop(handle.id, None)
+        if sp in self._cut:
+            self._cut.remove(sp)  # cut before its first words: no message will come
 
     def _on_interrupted(self, sp: _Speech) -> None:
         if sp.reply is None:
@@ -241,6 +245,7 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
+        self._cut.append(sp)
         cause = self.interruption_cause()
         if self.live is not None and not self.replies.holding:
             self.live.interrupt(reply=sp.reply, cause=cause)
@@ -346,10 +351,21 @@ class LiveKitTap:
             self._emit("user.text", {"text": text})
 
     def _on_assistant_message(self, msg: llm.ChatMessage) -> None:
-        sp = self._speech(self.session.current_speech) or self._last
+        """The reply's message, added after its playout: its text, and for an interrupted reply what
+        was heard.
+
+        An interrupted reply's message comes after LiveKit has stopped its audio and, when typed
+        input or a realtime model interrupted it, after the next user turn and the next speech
+        began: it belongs to the oldest interrupted speech still waiting for it, not to the
+        current one; and its speech may have been ended already (when the agent stopped speaking),
+        so what was heard is then recorded as the speech's last progress."""
+        sp = self._cut.pop(0) if msg.interrupted and self._cut else None
+        sp = sp or self._speech(self.session.current_speech) or self._last
         if sp is None:
             return
-        reply = self._open_step(sp)
+        if sp in self._cut:
+            self._cut.remove(sp)
+        reply = self._open_step(sp) if sp.reply is None or not msg.interrupted else sp.reply
         text = msg.text_content or ""
         if text:
             self.replies.text(reply, text)
@@ -357,7 +373,9 @@ class LiveKitTap:
         self.replies.done(reply)
         st = self.replies.state(reply)
         if st is not None and (st.speech_started or (text and st.interrupted)):
-            self.replies.speech_ended(reply, interrupted=msg.interrupted, heard=text)
+            ended = self.replies.speech_ended(reply, interrupted=msg.interrupted, heard=text)
+            if not ended and text and msg.interrupted:
+                self.replies.heard(reply, text)
 
     def _current_agent(self) -> str | None:
         fold = self.replies.fold

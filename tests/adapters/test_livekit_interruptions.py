@@ -1,0 +1,105 @@
+"""Interruptions not made by the caller's voice, on a real ``AgentSession`` on a virtual clock
+(issue 26): typed input that interrupts a reply keeps what was heard (item 2), a guarded tool that
+finished before the barge-in stays in LiveKit's live context (item 3), an unguarded tool waiting on
+``ctx.wait_for_playout()`` is released by the barge-in (item 4).
+
+Each scenario runs on a :class:`~calltape.testing.virtualtime.JumpingClockLoop`: the TTS renders
+silence, the speaker plays it on the loop's clock, so a scenario's seconds take no wall time and a
+starved machine cannot reshape it. The store is SQLite: a PostgreSQL connection's own timeouts run
+on the loop's clock, which jumps (the store is not what these tests are about)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import Agent, AgentSession, llm
+
+from calltape.adapters.livekit import LiveKitTap, attach
+from calltape.eventstore import open_store
+from calltape.eventstore.recorder import Recorder
+from calltape.projections import build_context
+from calltape.runtime import CallSession
+from calltape.testing.virtualtime import JumpingClockLoop
+from tests.adapters.livekit_support import ScriptedLLM, Step, calltape_turns, livekit_turns, voice_session
+
+pytestmark = pytest.mark.livekit
+
+STORY = "Once upon a time a small fox lived at the edge of a very large forest and every single morning it went out."
+
+
+def voice_call(
+    tmp_path: Path,
+    session_id: str,
+    llm_: ScriptedLLM,
+    agent: Agent,
+    drive: Callable[[AgentSession[Any], LiveKitTap], Awaitable[None]],
+) -> tuple[AgentSession[Any], dict[str, Any], list[Any]]:
+    """A voice ``AgentSession`` with calltape attached, driven by ``drive`` on a virtual clock; returns
+    LiveKit's session, calltape's durable context and the call's events."""
+
+    async def scenario() -> tuple[AgentSession[Any], dict[str, Any], list[Any]]:
+        store = await open_store(f"sqlite:///{tmp_path}/calltape.db")
+        recorder = await Recorder(store).start()
+        call = await CallSession.start(recorder, session_id, agent=agent.id, framework="livekit", modality="voice")
+        session, _ = voice_session([], llm_)
+        tap = attach(session, call)
+        await session.start(agent)
+        await drive(session, tap)
+        await session.aclose()
+        await tap.drain()
+        await recorder.flush()
+        native = (await build_context(store, session_id)).native()
+        events = await store.read(session_id)
+        await recorder.close()
+        await store.close()
+        return session, native, events
+
+    loop = JumpingClockLoop()  # on this thread: Python 3.11's AST check is not safe across threads
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        leftover = asyncio.all_tasks(loop)  # LiveKit's transcript tasks still winding down
+        for task in leftover:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def interrupted_messages(session: AgentSession[Any]) -> list[str]:
+    return [
+        (m.text_content or "").strip()
+        for m in session.history.items
+        if isinstance(m, llm.ChatMessage) and m.role == "assistant" and m.interrupted
+    ]
+
+
+def test_typed_input_interrupting_a_reply_keeps_what_was_heard(tmp_path: Path, session_id: str) -> None:
+    """Upstream test_interruption_by_text_input: ``interrupt()`` then ``generate_reply(user_input=...)``."""
+
+    async def drive(session: AgentSession[Any], _: LiveKitTap) -> None:
+        session.generate_reply(user_input="Tell me a story.")
+        await asyncio.sleep(2.0)  # about half the story has played
+        session.interrupt()
+        session.generate_reply(user_input="stop from text input")
+        await asyncio.sleep(3.0)
+
+    llm_ = ScriptedLLM([Step(STORY), Step("Ok, I'll stop now.")])
+    session, native, events = voice_call(tmp_path, session_id, llm_, Agent(instructions="Stories."), drive)
+
+    # upstream: the story was cut partway and LiveKit kept what was heard
+    [heard] = interrupted_messages(session)
+    assert 0 < len(heard) < len(STORY.strip())
+    assert calltape_turns(native) == livekit_turns(session.history)
+    cut = [i["content"].strip() for i in native["items"] if i["type"] == "message" and i.get("interrupted")]
+    assert cut == [heard]
+    roles = [i["role"] for i in native["items"] if i["type"] == "message" and i["role"] != "system"]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert [e.data["cause"] for e in events if e.type == "interruption"] == ["api"]
