@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("livekit.agents")
 
-from livekit.agents import Agent, AgentSession, llm
+from livekit.agents import Agent, AgentSession, RunContext, llm
 
-from calltape.adapters.livekit import LiveKitTap, attach
+from calltape.adapters.livekit import LiveKitTap, attach, function_tool
 from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
 from calltape.projections import build_context
@@ -103,3 +103,51 @@ def test_typed_input_interrupting_a_reply_keeps_what_was_heard(tmp_path: Path, s
     roles = [i["role"] for i in native["items"] if i["type"] == "message" and i["role"] != "system"]
     assert roles == ["user", "assistant", "user", "assistant"]
     assert [e.data["cause"] for e in events if e.type == "interruption"] == ["api"]
+
+
+PREAMBLE = "Let me book that table for you right now, it will only take a moment of your time, thank you."
+
+
+def live_calls(session: AgentSession[Any]) -> dict[str, Any]:
+    """The calls and outputs of LiveKit's history and of the agent's live context, by call id."""
+    found: dict[str, Any] = {}
+    for where, chat_ctx in (("history", session.history), ("live", session.current_agent.chat_ctx)):
+        for item in chat_ctx.items:
+            if isinstance(item, llm.FunctionCall | llm.FunctionCallOutput):
+                found.setdefault(where, []).append((type(item).__name__, item.call_id, getattr(item, "output", None)))
+    return found
+
+
+def test_guarded_tool_done_before_the_barge_in_stays_in_livekits_context(tmp_path: Path, session_id: str) -> None:
+    """LiveKit 1.6/1.7 drop every call of an interrupted turn, also one that had returned (1.8 keeps
+    it): calltape puts it back, with its one output, into the live context and the history."""
+    ran: list[str] = []
+    seen: dict[str, Any] = {}
+
+    class Booker(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @function_tool
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table."""
+            ran.append(when)
+            return f"booked {when}"
+
+    async def drive(session: AgentSession[Any], _: LiveKitTap) -> None:
+        handle = session.generate_reply(user_input="a table at seven")
+        await asyncio.sleep(1.0)  # the tool has returned; the preamble is still playing
+        assert ran == ["7pm"] and not handle.done()
+        session.interrupt()
+        await asyncio.sleep(2.0)
+        seen.update(live_calls(session))
+
+    steps = [Step(PREAMBLE, [("call_1", "book", {"when": "7pm"})], calls_first=True), Step("Anything else?")]
+    _, native, events = voice_call(tmp_path, session_id, ScriptedLLM(steps), Booker(), drive)
+
+    assert [e.data["output"] for e in events if e.type == "tool.result"] == ["booked 7pm"]
+    expected = [("FunctionCall", "call_1", None), ("FunctionCallOutput", "call_1", "booked 7pm")]
+    assert seen == {"history": expected, "live": expected}
+    assert [(i["call_id"], i["output"]) for i in native["items"] if i["type"] == "function_call_output"] == [
+        ("call_1", "booked 7pm")
+    ]

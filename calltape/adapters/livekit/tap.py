@@ -104,6 +104,8 @@ class LiveKitTap:
         self._cut: list[_Speech] = []
         """Interrupted speeches whose message (what was heard) LiveKit has not delivered yet."""
         self._guarded_calls: set[str] = set()
+        self._put: set[str] = set()
+        """Calls the tap inserted into the live context itself (each once)."""
         self._unguarded: dict[str, llm.FunctionCall] = {}
         """Unguarded calls that started, until they settle."""
         self._deferred: set[str] = set()
@@ -572,14 +574,18 @@ class LiveKitTap:
         task.add_done_callback(self._calls.discard)
 
     def land(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
-        """A guarded call has its outcome: once its speech is done, a call LiveKit left out of the
-        agent's live context (1.6/1.7 add neither the calls nor the outputs of an interrupted turn)
-        goes in with its one output, before the next inference."""
-        if handle.interrupted:
-            self._spawn(self._land_when_done(fc, handle))
+        """A guarded call has its outcome: once its speech is done, if the speech was interrupted
+        (before or after the call returned), a call LiveKit left out of the agent's live context
+        (1.6/1.7 add neither the calls nor the outputs of an interrupted turn) goes in with its one
+        output, before the next inference."""
+        if handle.done() and not handle.interrupted:
+            return
+        self._spawn(self._land_when_done(fc, handle))
 
     async def _land_when_done(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
         await _speech_done(handle)
+        if not handle.interrupted:
+            return
         await asyncio.sleep(0)  # LiveKit adds what it keeps right after the speech ends
         state = self.replies.fold.tool_call(fc.call_id)
         if state is None or state.status == "in_progress":
@@ -593,8 +599,11 @@ class LiveKitTap:
             agent = self.session.current_agent
         except RuntimeError:
             return
-        if any(getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items):
-            return  # LiveKit kept the call (1.8): the other reconciliations apply
+        if fc.call_id in self._put or any(
+            getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items
+        ):
+            return  # LiveKit kept the call (1.8), or it is in already: the other reconciliations apply
+        self._put.add(fc.call_id)
         call = llm.FunctionCall(
             call_id=fc.call_id, name=fc.name, arguments=fc.arguments or "{}", created_at=fc.created_at
         )
