@@ -98,6 +98,9 @@ class LiveKitTap:
         self.call = call
         self.live: LiveCall | None = call if isinstance(call, LiveCall) else None
         """The call as a :class:`~calltape.runtime.LiveCall`, or None when it only records."""
+        self.start_result: Any = None
+        """What ``session.start`` returned when :func:`~calltape.adapters.livekit.start` started the
+        session: the ``RunResult`` of ``capture_run=True``, else None."""
         self.replies = ReplyTracker(call)
         self._speeches: dict[str, _Speech] = {}
         self._last: _Speech | None = None
