@@ -1,7 +1,7 @@
 """Interruptions not made by the caller's voice, on a real ``AgentSession`` on a virtual clock
 (issue 26): typed input that interrupts a reply keeps what was heard (item 2), a guarded tool that
 finished before the barge-in stays in LiveKit's live context (item 3), an unguarded tool waiting on
-``ctx.wait_for_playout()`` is released by the barge-in (item 4).
+``ctx.wait_for_playout()`` is released by the barge-in (item 4, a guard).
 
 Each scenario runs on a :class:`~calltape.testing.virtualtime.JumpingClockLoop`: the TTS renders
 silence, the speaker plays it on the loop's clock, so a scenario's seconds take no wall time and a
@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("livekit.agents")
 
 from livekit.agents import Agent, AgentSession, RunContext, llm
+from livekit.agents import function_tool as lk_function_tool
 
 from calltape.adapters.livekit import LiveKitTap, attach, function_tool
 from calltape.eventstore import open_store
@@ -151,3 +152,39 @@ def test_guarded_tool_done_before_the_barge_in_stays_in_livekits_context(tmp_pat
     assert [(i["call_id"], i["output"]) for i in native["items"] if i["type"] == "function_call_output"] == [
         ("call_1", "booked 7pm")
     ]
+
+
+def test_unguarded_tool_waiting_for_playout_is_released_by_the_barge_in(tmp_path: Path, session_id: str) -> None:
+    """``ctx.wait_for_playout()`` in a tool LiveKit runs itself ends soon after the barge-in, with
+    calltape attached (it must not wait for the session to close). A guard: the hang reported on
+    1.6.5 did not reproduce here (text and voice sessions, calls before or after the preamble, a
+    second tool step, a voice barge-in or ``interrupt()``)."""
+    released: list[float] = []
+
+    class Announcer(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You book tables.")
+
+        @lk_function_tool
+        async def book(self, ctx: RunContext[Any], when: str) -> str:
+            """Books a table once the caller heard the preamble."""
+            try:
+                await ctx.wait_for_playout()
+            finally:
+                released.append(asyncio.get_running_loop().time())
+            return f"booked {when}"
+
+    async def drive(session: AgentSession[Any], _: LiveKitTap) -> None:
+        session.generate_reply(user_input="a table at seven")
+        await asyncio.sleep(1.0)  # the tool waits for the preamble, still playing
+        assert released == []
+        cut = asyncio.get_running_loop().time()
+        session.interrupt()
+        await asyncio.sleep(30.0)
+        assert released and released[0] - cut < 1.0, "the tool was not released by the barge-in"
+
+    steps = [
+        Step(PREAMBLE, [("call_1", "book", {"when": "7pm"})], calls_first=False, word_delay=0.02),
+        Step("Anything else?"),
+    ]
+    voice_call(tmp_path, session_id, ScriptedLLM(steps), Announcer(), drive)
