@@ -28,7 +28,14 @@ from calltape.eventstore.recorder import Recorder
 from calltape.projections import build_context
 from calltape.runtime import CallSession
 from calltape.testing.virtualtime import JumpingClockLoop
-from tests.adapters.livekit_support import ScriptedLLM, Step, calltape_turns, livekit_turns, voice_session
+from tests.adapters.livekit_support import (
+    ScriptedLLM,
+    ScriptedRealtime,
+    Step,
+    calltape_turns,
+    livekit_turns,
+    voice_session,
+)
 
 pytestmark = pytest.mark.livekit
 
@@ -38,12 +45,13 @@ STORY = "Once upon a time a small fox lived at the edge of a very large forest a
 def voice_call(
     tmp_path: Path,
     session_id: str,
-    llm_: ScriptedLLM,
+    llm_: ScriptedLLM | None,
     agent: Agent,
     drive: Callable[[AgentSession[Any], LiveKitTap], Awaitable[None]],
 ) -> tuple[AgentSession[Any], dict[str, Any], list[Any]]:
     """A voice ``AgentSession`` with calltape attached, driven by ``drive`` on a virtual clock; returns
-    LiveKit's session, calltape's durable context and the call's events."""
+    LiveKit's session, calltape's durable context and the call's events. ``llm_`` is the session's
+    LLM (None: the agent brings its own model, e.g. a realtime one)."""
 
     async def scenario() -> tuple[AgentSession[Any], dict[str, Any], list[Any]]:
         store = await open_store(f"sqlite:///{tmp_path}/calltape.db")
@@ -82,8 +90,10 @@ def interrupted_messages(session: AgentSession[Any]) -> list[str]:
     ]
 
 
-def test_typed_input_interrupting_a_reply_keeps_what_was_heard(tmp_path: Path, session_id: str) -> None:
-    """Upstream test_interruption_by_text_input: ``interrupt()`` then ``generate_reply(user_input=...)``."""
+@pytest.mark.parametrize("model", ["pipeline", "realtime"])
+def test_typed_input_interrupting_a_reply_keeps_what_was_heard(tmp_path: Path, session_id: str, model: str) -> None:
+    """Upstream test_interruption_by_text_input (and its realtime interruption tests): ``interrupt()``
+    then ``generate_reply(user_input=...)``, with an LLM and TTS or with a realtime model."""
 
     async def drive(session: AgentSession[Any], _: LiveKitTap) -> None:
         session.generate_reply(user_input="Tell me a story.")
@@ -92,8 +102,12 @@ def test_typed_input_interrupting_a_reply_keeps_what_was_heard(tmp_path: Path, s
         session.generate_reply(user_input="stop from text input")
         await asyncio.sleep(3.0)
 
-    llm_ = ScriptedLLM([Step(STORY), Step("Ok, I'll stop now.")])
-    session, native, events = voice_call(tmp_path, session_id, llm_, Agent(instructions="Stories."), drive)
+    replies = [STORY, "Ok, I'll stop now."]
+    if model == "pipeline":
+        llm_, agent = ScriptedLLM([Step(r) for r in replies]), Agent(instructions="Stories.")
+    else:
+        llm_, agent = None, Agent(instructions="Stories.", llm=ScriptedRealtime(replies))
+    session, native, events = voice_call(tmp_path, session_id, llm_, agent, drive)
 
     # upstream: the story was cut partway and LiveKit kept what was heard
     [heard] = interrupted_messages(session)
