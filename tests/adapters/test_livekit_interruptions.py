@@ -171,8 +171,8 @@ def test_guarded_tool_done_before_the_barge_in_stays_in_livekits_context(tmp_pat
 def test_unguarded_tool_waiting_for_playout_is_released_by_the_barge_in(tmp_path: Path, session_id: str) -> None:
     """``ctx.wait_for_playout()`` in a tool LiveKit runs itself ends soon after the barge-in, with
     calltape attached (it must not wait for the session to close). A guard: the hang reported on
-    1.6.5 did not reproduce here (text and voice sessions, calls before or after the preamble, a
-    second tool step, a voice barge-in or ``interrupt()``)."""
+    1.6.5 did not reproduce here (text and voice sessions, an LLM or a realtime model, calls before
+    or after the preamble, a second tool step, a voice barge-in or ``interrupt()``)."""
     released: list[float] = []
 
     class Announcer(Agent):
