@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from calltape.errors import CalltapeError
+from calltape.loopclock import settle
 
 if TYPE_CHECKING:
     from calltape.eventstore import EventStore
@@ -92,11 +93,13 @@ class Calltape:
         from calltape.eventstore import open_store
         from calltape.eventstore.recorder import Recorder
 
-        store = await open_store(self.url, upgrade_schema=self._upgrade_schema, tenant=self.tenant)
+        # settle: on a virtual-clock loop (a test harness) the clock must not jump while the store
+        # opens off the loop, or the timers the app already has pending would fire early
+        store = await settle(open_store(self.url, upgrade_schema=self._upgrade_schema, tenant=self.tenant))
         try:
             self._recorder = await Recorder(store, **self._recorder_options).start()
         except BaseException:
-            await store.close()
+            await settle(store.close())
             raise
         self._store = store
         return self
@@ -116,10 +119,10 @@ class Calltape:
         self.calls.clear()
         try:
             if recorder is not None:
-                await recorder.close(spill_dir=self._spill_dir)
+                await settle(recorder.close(spill_dir=self._spill_dir))
         finally:
             if store is not None:
-                await store.close()
+                await settle(store.close())
 
     async def __aenter__(self) -> Calltape:
         return await self.open()

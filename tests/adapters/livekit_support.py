@@ -13,12 +13,13 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pytest
 from livekit import rtc
 from livekit.agents import AgentSession, llm, stt, tts, vad
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
+from livekit.agents.utils import aio, shortuuid
 from livekit.agents.voice import io
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
@@ -325,7 +326,7 @@ class Screen(io.TextOutput):
 
 
 def voice_session(
-    script: list[Utterance], llm_: llm.LLM[Any], *, seconds_per_word: float = 0.12, **options: Any
+    script: list[Utterance], llm_: llm.LLM[Any] | None, *, seconds_per_word: float = 0.12, **options: Any
 ) -> tuple[AgentSession[Any], Phone]:
     """A real ``AgentSession`` wired to the scripted caller; ``options`` go to ``AgentSession``.
 
@@ -409,3 +410,127 @@ def calltape_calls(native: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     outputs = [i for i in native["items"] if i["type"] == "function_call_output"]
     assert sorted(o["call_id"] for o in outputs) == sorted(names), "every call has exactly one output"
     return {o["call_id"]: (names[o["call_id"]], o["output"]) for o in outputs}
+
+
+# -------------------------------------------------------------------------------------------------
+# A realtime model: LiveKit's realtime path without a provider.
+
+
+REALTIME_RATE = 24000
+"""The sample rate of :class:`ScriptedRealtime`'s audio."""
+
+
+class ScriptedRealtime(llm.RealtimeModel):
+    """A realtime (speech-to-speech) model answering each ``generate_reply`` with the next scripted
+    text, streamed with ``seconds_per_word`` of silent audio per word (no tools, no server-side turn
+    detection): LiveKit's realtime path (playout, interruption, what was heard) runs as with a
+    provider's model."""
+
+    def __init__(self, replies: list[str], seconds_per_word: float = 0.12) -> None:
+        super().__init__(
+            capabilities=llm.RealtimeCapabilities(
+                message_truncation=False,
+                turn_detection=False,
+                user_transcription=False,
+                auto_tool_reply_generation=False,
+                audio_output=True,
+                manual_function_calls=True,
+            )
+        )
+        self.replies = list(replies)
+        self.seconds_per_word = seconds_per_word
+
+    def session(self, *args: Any, **kwargs: Any) -> llm.RealtimeSession:
+        return _RealtimeSession(self)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _RealtimeSession(llm.RealtimeSession):
+    def __init__(self, model: ScriptedRealtime) -> None:
+        super().__init__(model)
+        self._model = model
+        self._chat_ctx = llm.ChatContext.empty()
+        self._tools = llm.ToolContext.empty()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def chat_ctx(self) -> llm.ChatContext:
+        return self._chat_ctx.copy()
+
+    @property
+    def tools(self) -> llm.ToolContext:
+        return self._tools.copy()
+
+    async def update_instructions(self, instructions: str) -> None:
+        pass
+
+    async def update_chat_ctx(self, chat_ctx: llm.ChatContext, *args: Any, **kwargs: Any) -> None:
+        self._chat_ctx = chat_ctx.copy()
+
+    async def update_tools(self, tools: list[Any]) -> None:
+        self._tools = llm.ToolContext(tools)
+
+    def update_options(self, *, tool_choice: Any = NOT_GIVEN, **kwargs: Any) -> None:
+        pass
+
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        pass
+
+    def push_video(self, frame: rtc.VideoFrame) -> None:
+        pass
+
+    def generate_reply(self, *args: Any, **kwargs: Any) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        fut: asyncio.Future[llm.GenerationCreatedEvent] = asyncio.get_running_loop().create_future()
+        text = self._model.replies.pop(0) if self._model.replies else "Ok."
+        text_ch: aio.Chan[str] = aio.Chan()
+        audio_ch: aio.Chan[rtc.AudioFrame] = aio.Chan()
+        msg_ch: aio.Chan[llm.MessageGeneration] = aio.Chan()
+        fn_ch: aio.Chan[llm.FunctionCall] = aio.Chan()
+        modalities: asyncio.Future[list[Literal["text", "audio"]]] = asyncio.get_running_loop().create_future()
+        modalities.set_result(["audio", "text"])
+        msg_ch.send_nowait(
+            llm.MessageGeneration(
+                message_id=shortuuid("msg_"), text_stream=text_ch, audio_stream=audio_ch, modalities=modalities
+            )
+        )
+        msg_ch.close()
+        fn_ch.close()
+
+        async def stream() -> None:
+            per_word = int(REALTIME_RATE * self._model.seconds_per_word)
+            for word in text.split(" "):
+                text_ch.send_nowait(word + " ")
+                for i in range(0, per_word, REALTIME_RATE // 100):
+                    n = min(REALTIME_RATE // 100, per_word - i)
+                    audio_ch.send_nowait(
+                        rtc.AudioFrame(
+                            b"\x00\x00" * n, sample_rate=REALTIME_RATE, num_channels=1, samples_per_channel=n
+                        )
+                    )
+                await asyncio.sleep(0)
+            text_ch.close()
+            audio_ch.close()
+
+        task = asyncio.ensure_future(stream())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        fut.set_result(llm.GenerationCreatedEvent(message_stream=msg_ch, function_stream=fn_ch, user_initiated=True))
+        return fut
+
+    def commit_audio(self) -> None:
+        pass
+
+    def clear_audio(self) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
+    def truncate(self, **kwargs: Any) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()

@@ -1,5 +1,5 @@
-"""The README's LiveKit blocks are complete programs: each runs as written, offline, in a subprocess;
-the attach snippet takes at most three lines of calltape."""
+"""The README's LiveKit blocks and those of docs/adapters-livekit.md are complete programs: each runs
+as written, offline, in a subprocess; the attach snippet takes at most three lines of calltape."""
 
 from __future__ import annotations
 
@@ -24,18 +24,34 @@ def livekit_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
-@pytest.mark.parametrize("index", range(4))
-def test_block_runs_as_written(index: int, tmp_path: Path) -> None:
-    blocks = livekit_blocks()
-    assert len(blocks) == 4
+def docs_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "adapters-livekit.md").read_text(), flags=re.S)
+
+
+def run_block(code: str, tmp_path: Path) -> str:
+    """Runs ``code`` as a script; returns its stdout (fails the test when it fails)."""
     script = tmp_path / "block.py"
-    script.write_text(blocks[index])
+    script.write_text(code)
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_block_runs_as_written(index: int, tmp_path: Path) -> None:
+    blocks = livekit_blocks()
+    assert len(blocks) == 4
+    out = run_block(blocks[index], tmp_path)
     if index == 0:
-        assert "'role': 'assistant', 'content': 'Hello, how can I help?'" in done.stdout
+        assert "'role': 'assistant', 'content': 'Hello, how can I help?'" in out
+
+
+def test_docs_page_blocks_run_as_written(tmp_path: Path) -> None:
+    handoff, start_result = docs_blocks()
+    assert run_block(handoff, tmp_path).strip() == "triage -> billing"
+    assert "ChatMessageEvent" in run_block(start_result, tmp_path)
 
 
 def test_attach_takes_three_lines() -> None:

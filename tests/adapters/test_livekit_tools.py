@@ -183,7 +183,10 @@ async def test_interrupted_handoff_is_recorded_as_livekits_error(
     tap = attach(session, call)
     await session.start(Triage())
     handle = session.generate_reply(user_input="billing please")
-    await asyncio.sleep(0.35)  # the tool has returned; the preamble is still playing
+    for _ in range(60):  # the tool returns after 0.1 s; the preamble streams for about a second
+        if events.ended:
+            break
+        await asyncio.sleep(0.01)
     assert events.ended and not handle.done()
     session.interrupt()
     await handle.wait_for_playout()

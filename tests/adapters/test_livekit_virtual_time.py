@@ -13,8 +13,10 @@ import pytest
 pytest.importorskip("livekit.agents")
 
 from livekit.agents import Agent, AgentSession, RunContext, function_tool
+from livekit.agents.voice.run_result import ChatMessageEvent, RunResult
 
-from calltape.adapters.livekit import attach, guarded
+import calltape
+from calltape.adapters.livekit import attach, guarded, start
 from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
 from calltape.projections import build_context
@@ -77,3 +79,46 @@ def test_calltape_on_a_virtual_time_loop(tmp_path: Path) -> None:
     assert 2.0 <= clock["run"] < 5.0
     outputs = [i["output"] for i in native["items"] if i["type"] == "function_call_output"]
     assert outputs == ["booked 7pm"]
+
+
+def test_connect_and_start_inside_the_timed_part(tmp_path: Path) -> None:
+    """``calltape.connect`` and ``start`` inside the virtual-time part take no virtual time (LiveKit's
+    timers pending meanwhile must not fire early), and ``start`` hands back what
+    ``session.start(capture_run=True)`` returns (issue 26, item 5)."""
+    loop = JumpingClockLoop()
+    fired: list[float] = []
+    clock: dict[str, float] = {}
+
+    class Greeter(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You greet.")
+
+        async def on_enter(self) -> None:
+            self.session.generate_reply()
+
+    async def scenario() -> list[str]:
+        # stands for the timers LiveKit has pending (endpointing, user away, a tool's timeout)
+        guard = loop.call_later(5.0, lambda: fired.append(loop.time()))
+        t0 = loop.time()
+        session: AgentSession[Any] = AgentSession(llm=ScriptedLLM([Step("Hello, how can I help?")]))
+        async with calltape.connect(f"sqlite:///{tmp_path}/calltape.db") as ct:
+            tap = await start(session, Greeter(), ct, call_id="call-vt", capture_run=True)
+            clock["started"] = loop.time() - t0
+            run = tap.start_result
+            assert isinstance(run, RunResult)
+            await run  # the greeting the agent's on_enter asked for
+            said = [ev.item.text_content for ev in run.events if isinstance(ev, ChatMessageEvent)]
+            await session.aclose()
+            await tap.drain()
+        clock["closed"] = loop.time() - t0
+        guard.cancel()
+        return [s or "" for s in said]
+
+    try:
+        said = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+    assert fired == []
+    assert clock["started"] < 1.0 and clock["closed"] < 1.0
+    assert [s.strip() for s in said] == ["Hello, how can I help?"]

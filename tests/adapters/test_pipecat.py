@@ -239,8 +239,9 @@ async def test_cancel_overtaking_in_progress_leaves_pipecat_stuck_not_calltape(c
     assert in_progress(call) == []
     outputs = tool_messages(call.context("openai"))
     assert json.loads(outputs["call_1"]) == {"status": "cancelled", "reason": "interrupted"}
-    # The live context is reconciled: its tool message says what the log says, not a placeholder.
-    assert json.loads(tool_messages(bot.messages())["call_1"]) == {"status": "cancelled", "reason": "interrupted"}
+    # The call is not guarded: Pipecat's live context keeps its own message (issue 26.6); guarding
+    # the tool (register_function) is what reconciles it.
+    assert tool_messages(bot.messages())["call_1"] != outputs["call_1"]
     await bot.cancel()
 
 

@@ -44,7 +44,8 @@ async def start(
 
     ``call_id`` defaults to the room's name (else a new id); ``tools`` are the call's tool specs.
     ``start_options`` go to ``session.start``. A tool given a spec in ``tools`` but registered
-    unguarded raises ``TypeError`` before anything starts. Returns the tap (``tap.call`` is the call).
+    unguarded raises ``TypeError`` before anything starts. Returns the tap (``tap.call`` is the call);
+    what ``session.start`` returned is ``tap.start_result`` (a ``RunResult`` with ``capture_run=True``).
     """
     specs = dict(tools or {})
     if isinstance(tape, LiveCall):
@@ -69,5 +70,5 @@ async def start(
             tools=specs or None,
         )
     tap = attach(session, call)
-    await session.start(agent, **start_options)
+    tap.start_result = await session.start(agent, **start_options)
     return tap

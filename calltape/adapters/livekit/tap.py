@@ -98,10 +98,17 @@ class LiveKitTap:
         self.call = call
         self.live: LiveCall | None = call if isinstance(call, LiveCall) else None
         """The call as a :class:`~calltape.runtime.LiveCall`, or None when it only records."""
+        self.start_result: Any = None
+        """What ``session.start`` returned when :func:`~calltape.adapters.livekit.start` started the
+        session: the ``RunResult`` of ``capture_run=True``, else None."""
         self.replies = ReplyTracker(call)
         self._speeches: dict[str, _Speech] = {}
         self._last: _Speech | None = None
+        self._cut: list[_Speech] = []
+        """Interrupted speeches whose message (what was heard) LiveKit has not delivered yet."""
         self._guarded_calls: set[str] = set()
+        self._put: set[str] = set()
+        """Calls the tap inserted into the live context itself (each once)."""
         self._unguarded: dict[str, llm.FunctionCall] = {}
         """Unguarded calls that started, until they settle."""
         self._deferred: set[str] = set()
@@ -234,6 +241,8 @@ class LiveKitTap:
             self._settle_dropped(handle)
         self._close_reply(sp)
         self._speeches.pop(handle.id, None)
+        if sp in self._cut:
+            self._cut.remove(sp)  # cut before its first words: no message will come
 
     def _on_interrupted(self, sp: _Speech) -> None:
         if sp.reply is None:
@@ -241,6 +250,7 @@ class LiveKitTap:
         st = self.replies.state(sp.reply)
         if st is None or st.interrupted:
             return
+        self._cut.append(sp)
         cause = self.interruption_cause()
         if self.live is not None and not self.replies.holding:
             self.live.interrupt(reply=sp.reply, cause=cause)
@@ -346,10 +356,21 @@ class LiveKitTap:
             self._emit("user.text", {"text": text})
 
     def _on_assistant_message(self, msg: llm.ChatMessage) -> None:
-        sp = self._speech(self.session.current_speech) or self._last
+        """The reply's message, added after its playout: its text, and for an interrupted reply what
+        was heard.
+
+        An interrupted reply's message comes after LiveKit has stopped its audio and, when typed
+        input or a realtime model interrupted it, after the next user turn and the next speech
+        began: it belongs to the oldest interrupted speech still waiting for it, not to the
+        current one; and its speech may have been ended already (when the agent stopped speaking),
+        so what was heard is then recorded as the speech's last progress."""
+        sp = self._cut.pop(0) if msg.interrupted and self._cut else None
+        sp = sp or self._speech(self.session.current_speech) or self._last
         if sp is None:
             return
-        reply = self._open_step(sp)
+        if sp in self._cut:
+            self._cut.remove(sp)
+        reply = self._open_step(sp) if sp.reply is None or not msg.interrupted else sp.reply
         text = msg.text_content or ""
         if text:
             self.replies.text(reply, text)
@@ -357,7 +378,9 @@ class LiveKitTap:
         self.replies.done(reply)
         st = self.replies.state(reply)
         if st is not None and (st.speech_started or (text and st.interrupted)):
-            self.replies.speech_ended(reply, interrupted=msg.interrupted, heard=text)
+            ended = self.replies.speech_ended(reply, interrupted=msg.interrupted, heard=text)
+            if not ended and text and msg.interrupted:
+                self.replies.heard(reply, text)
 
     def _current_agent(self) -> str | None:
         fold = self.replies.fold
@@ -554,14 +577,18 @@ class LiveKitTap:
         task.add_done_callback(self._calls.discard)
 
     def land(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
-        """A guarded call has its outcome: once its speech is done, a call LiveKit left out of the
-        agent's live context (1.6/1.7 add neither the calls nor the outputs of an interrupted turn)
-        goes in with its one output, before the next inference."""
-        if handle.interrupted:
-            self._spawn(self._land_when_done(fc, handle))
+        """A guarded call has its outcome: once its speech is done, if the speech was interrupted
+        (before or after the call returned), a call LiveKit left out of the agent's live context
+        (1.6/1.7 add neither the calls nor the outputs of an interrupted turn) goes in with its one
+        output, before the next inference."""
+        if handle.done() and not handle.interrupted:
+            return
+        self._spawn(self._land_when_done(fc, handle))
 
     async def _land_when_done(self, fc: llm.FunctionCall, handle: SpeechHandle) -> None:
         await _speech_done(handle)
+        if not handle.interrupted:
+            return
         await asyncio.sleep(0)  # LiveKit adds what it keeps right after the speech ends
         state = self.replies.fold.tool_call(fc.call_id)
         if state is None or state.status == "in_progress":
@@ -575,8 +602,11 @@ class LiveKitTap:
             agent = self.session.current_agent
         except RuntimeError:
             return
-        if any(getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items):
-            return  # LiveKit kept the call (1.8): the other reconciliations apply
+        if fc.call_id in self._put or any(
+            getattr(item, "call_id", None) == fc.call_id for item in agent.chat_ctx.items
+        ):
+            return  # LiveKit kept the call (1.8), or it is in already: the other reconciliations apply
+        self._put.add(fc.call_id)
         call = llm.FunctionCall(
             call_id=fc.call_id, name=fc.name, arguments=fc.arguments or "{}", created_at=fc.created_at
         )

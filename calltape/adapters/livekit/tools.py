@@ -9,7 +9,8 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from livekit.agents import RunContext, llm
+import orjson
+from livekit.agents import Agent, RunContext, llm
 from livekit.agents import function_tool as lk_function_tool
 from livekit.agents.llm import ToolError
 
@@ -17,7 +18,7 @@ from calltape.adapters.livekit.tap import tap_of
 from calltape.adapters.outcomes import outcome_message
 from calltape.runtime import ToolOutcome, ToolSpec
 
-__all__ = ["function_tool", "guarded", "unguarded_tools"]
+__all__ = ["function_tool", "guarded", "stored_output", "unguarded_tools"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -60,8 +61,12 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
             except ValueError:
                 arguments = fc.arguments
 
+            returned: list[Any] = []
+
             async def body() -> Any:
-                return await func(*args, **kwargs)
+                value = await func(*args, **kwargs)
+                returned.append(value)
+                return stored_output(value)
 
             # The body runs in a task of its own: LiveKit cancelling the tool execution of an
             # interrupted turn must not cancel a `finish` tool (run_tool applies the policy itself).
@@ -76,13 +81,49 @@ def guarded(fn: F | None = None, *, spec: ToolSpec | None = None) -> Any:
                 raise
             tap.land(fc, ctx.speech_handle)
             if outcome.status == "completed":
-                return outcome.output
+                # this run's own return goes to LiveKit as the tool gave it, so a handoff it
+                # returned happens as for LiveKit's own function_tool; a call settled earlier
+                # answers with what calltape stored (and hands off no second time)
+                return returned[0] if outcome.ran and returned else outcome.output
             raise ToolError(outcome_message(outcome))
 
         wrapper.__calltape_guarded__ = True  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def stored_output(value: Any) -> Any:
+    """What calltape stores as a guarded tool's result: JSON-safe, and for a handoff what LiveKit keeps.
+
+    A tool that returns an ``Agent`` (alone or in a list, set or tuple with other output) hands off;
+    LiveKit answers the call with the other output (``""`` when there is none) and records the
+    handoff itself, so calltape stores that other output (its ``agent.handoff`` comes from LiveKit's
+    handoff). A ``ToolResult`` is stored as its output. Anything JSON cannot hold is stored as its
+    ``str()``, the text LiveKit gives the LLM for it."""
+    agents, other = _handoff_parts(value)
+    if agents:
+        value = "" if other is None else other
+    tool_result = getattr(llm, "ToolResult", None)  # livekit-agents 1.8 and later
+    if tool_result is not None and isinstance(value, tool_result):
+        value = value.output
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except TypeError:  # orjson.JSONEncodeError included
+        return str(value)
+
+
+def _handoff_parts(value: Any) -> tuple[list[Agent], Any]:
+    """The agents a tool's return hands off to and its other output, as LiveKit splits them."""
+    if isinstance(value, Agent):
+        return [value], None
+    if not isinstance(value, (list, set, frozenset, tuple)):
+        return [], value
+    agents = [item for item in value if isinstance(item, Agent)]
+    other = [item for item in value if not isinstance(item, Agent)]
+    if not agents:
+        return [], value
+    return agents, None if not other else other[0] if len(other) == 1 else other
 
 
 def function_tool(

@@ -10,9 +10,12 @@ agree with the log:
 * right after Pipecat's assistant aggregator writes a tool message (in progress, result, cancel), the
   message is checked against the log, so a late placeholder never overwrites a landed result;
 * before every inference (an ``LLMContextFrame`` reaching the guarded LLM service), every tool message
-  whose call calltape knows gets calltape's output (a call still running under ``finish`` says
+  of a guarded call gets calltape's output (a call still running under ``finish`` says
   ``{"status": "in_progress"}`` rather than "cancelled"), so the LLM never sees a call without its one
   real output.
+
+Only guarded calls are reconciled: a call calltape does not guard keeps Pipecat's own messages
+("CANCELLED", "TIMEOUT", ...) in the live context, while calltape's log records how it ended.
 
 Outputs are written the way Pipecat writes them (``json.dumps``); nothing compares Pipecat's own
 placeholder strings: a message is rewritten when its content, read as JSON, differs from the log's.
@@ -113,7 +116,8 @@ class LiveReconciler:
     def reconcile(context: LLMContext, call: FoldedSink) -> int:
         """Rewrites each tool message of ``context`` whose call the log settled differently."""
         fold = call.fold
-        abandoned = shared(call).abandoned
+        state_of_call = shared(call)
+        abandoned, guarded = state_of_call.abandoned, state_of_call.guarded_names
         changed = 0
         for message in context.get_messages():
             if not isinstance(message, dict) or message.get("role") != "tool":
@@ -122,8 +126,8 @@ class LiveReconciler:
             if not isinstance(call_id, str):
                 continue
             state = fold.tool_call(call_id)
-            if state is None or not state.included:
-                continue
+            if state is None or not state.included or state.name not in guarded:
+                continue  # a call calltape does not guard keeps Pipecat's own message
             if state.status == "in_progress" and call_id not in abandoned:
                 continue  # Pipecat still waits for it too
             if _as_json(message.get("content")) != state.output:
