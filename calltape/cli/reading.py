@@ -123,7 +123,8 @@ class LineParser:
 
     def parse(self, line: bytes) -> Event:
         """The line's event; raises :class:`~calltape.errors.InvalidEvent` saying what is wrong."""
-        from calltape.events import parse_event, parse_read
+        from calltape.errors import InvalidEvent
+        from calltape.events import MAX_DEPTH, parse_event, parse_read
 
         try:
             obj: Any = orjson.loads(line)
@@ -131,7 +132,13 @@ class LineParser:
             return parse_event(line)  # raises InvalidEvent with the JSON error
         if isinstance(obj, dict) and obj.get("id") is None and isinstance(obj.get("session"), str):
             body = {k: v for k, v in obj.items() if k != "seq"}
-            canonical = canonical_bytes(body)
+            try:
+                canonical = canonical_bytes(body)
+            except orjson.JSONEncodeError:
+                # Nested deeper than orjson writes (254 levels), so far beyond what an event may
+                # hold: the checks say so, in their own words, before any id is needed.
+                parse_read(obj, line)
+                raise InvalidEvent(f"'data' is nested deeper than {MAX_DEPTH} levels") from None
             n = self.occurrences.get(canonical, 0)
             self.occurrences[canonical] = n + 1
             obj["id"] = str(uuid.uuid5(_ID_NAMESPACE, f"{obj['session']}\x00{n}\x00{canonical!r}"))
