@@ -7,8 +7,9 @@ several transcript chunks of one user turn, so checking each string alone is not
   numerals or spoken digit words, in groups separated by spaces, dashes, dots or commas), ``ssn``
   (3-2-4 digit groups), ``phone`` (10-15 digits, ``+`` allowed), ``email``, and the user's own patterns.
 * :class:`Redactor` applies them to every string the projection can show: transcripts, user text, agent
-  text and ``heard``, instructions, tool arguments and outputs (every string leaf of their JSON). Ids
-  (``reply``, ``call``, tool names) are never touched.
+  text and ``heard``, instructions, tool arguments and outputs (every string leaf of their JSON, and
+  every integer leaf of 13-19 digits passing Luhn: a card number a tool wrote as a number becomes the
+  string ``"[card]"``). Ids (``reply``, ``call``, tool names) are never touched.
 * :class:`RedactingStream` is the writer's stateful side: it holds back a user chunk that *ends* in digits
   until the next event of that session shows whether the digits went on into a card number, so no part
   of the number is written before calltape knows it is one.
@@ -215,6 +216,8 @@ _TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "tool.result": ("output",),
 }
 _USER_TEXT = frozenset({"user.transcript", "user.text"})
+_CARD_LOW, _CARD_HIGH = 10**12, 10**19
+"""An integer with 13 to 19 digits (that passes Luhn) is a card number written as a JSON number."""
 
 
 @dataclass(slots=True)
@@ -262,6 +265,11 @@ class Redactor:
     def _value(self, value: Any, counts: Counter[str]) -> Any:
         if isinstance(value, str):
             return self.text(value, counts)
+        if type(value) is int and _CARD_LOW <= abs(value) < _CARD_HIGH and "card" in self.kinds:
+            if luhn(str(abs(value))):  # a card number a tool wrote as a JSON number
+                counts["card"] += 1
+                return "[card]"
+            return value
         if isinstance(value, dict):
             return {k: self._value(v, counts) for k, v in value.items()}
         if isinstance(value, list):

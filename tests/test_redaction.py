@@ -112,6 +112,26 @@ def test_only_shown_text_is_rewritten() -> None:
     assert redactor.event(untouched) is untouched
 
 
+@pytest.mark.parametrize("number", [4242424242424242, 378282246310005, 6011111111111117, -4242424242424242])
+def test_a_card_written_as_a_number_is_masked(number: int) -> None:
+    """Issue 26 item 10: an integer leaf of 13-19 digits passing Luhn is a card, as its digits in text are."""
+    counts: Counter[str] = Counter()
+    call = make_event("s", "tool.call", {"call": "c", "name": "pay", "arguments": {"card": number, "cvc": 123}})
+    assert Redactor().event(call, counts).data["arguments"] == {"card": "[card]", "cvc": 123}
+    assert counts == Counter(card=1)
+    result = make_event("s", "tool.result", {"call": "c", "output": number})
+    assert Redactor().event(result).data["output"] == "[card]"
+
+
+@pytest.mark.parametrize("number", [4242424242424241, 424242424242, 1764000000001])
+def test_numbers_that_are_not_cards_are_kept(number: int) -> None:
+    assert not luhn(str(number)) or not 13 <= len(str(number)) <= 19
+    result = make_event("s", "tool.result", {"call": "c", "output": {"n": number, "flag": True}})
+    assert Redactor().event(result).data["output"] == {"n": number, "flag": True}
+    unwanted = make_event("s", "tool.result", {"call": "c", "output": 4242424242424242})
+    assert Redactor(kinds=("email",)).event(unwanted).data["output"] == 4242424242424242
+
+
 def chunks(*texts: str, final: bool = True) -> list:
     return [make_event("s", "user.transcript", {"text": t, "final": final}) for t in texts]
 

@@ -59,6 +59,50 @@ async def test_recorder_redacts_a_card_split_across_chunks(store_url: str, sessi
         await store.close()
 
 
+NUMBER_CARD = int(CARD)
+
+
+def card_as_numbers(session: str) -> list:
+    """A tool that takes and returns the card as a JSON number (issue 26 item 10)."""
+    return [
+        make_event(session, "agent.reply.started", {"reply": "r1"}),
+        make_event(
+            session, "tool.call", {"reply": "r1", "call": "c1", "name": "pay", "arguments": {"card": NUMBER_CARD}}
+        ),
+        make_event(session, "agent.reply.done", {"reply": "r1"}),
+        make_event(session, "tool.result", {"call": "c1", "output": {"charged": [NUMBER_CARD], "amount": 1200}}),
+    ]
+
+
+async def test_a_card_written_as_a_number_is_redacted_on_write(store_url: str, session_id: str) -> None:
+    store = await open_store(store_url, redactor=Redactor())
+    try:
+        async with Recorder(store) as rec:
+            rec.emit(started(session_id))
+            for event in card_as_numbers(session_id):
+                rec.emit(event)
+        direct = f"{session_id}-direct"  # a plain store.append redacts too
+        await store.append([started(direct), *card_as_numbers(direct)])
+        for session in (session_id, direct):
+            assert not leaks(await raw_rows(store, session))
+            calls = {e.type: e.data for e in await store.read(session) if e.type.startswith("tool.")}
+            assert calls["tool.call"]["arguments"] == {"card": "[card]"}
+            assert calls["tool.result"]["output"] == {"charged": ["[card]"], "amount": 1200}
+            messages = render((await build_context(store, session)).native(), "openai")
+            assert not leaks(orjson.dumps(messages).decode())
+    finally:
+        await store.close()
+
+
+async def test_a_card_written_as_a_number_is_redacted_after_the_fact(store: EventStore, session_id: str) -> None:
+    await store.append([started(session_id), *card_as_numbers(session_id)])
+    assert leaks(await raw_rows(store, session_id))
+    report = await redact_session(store, session_id, Redactor(kinds=("card",)))
+    assert report.events == 2 and report.spans == {"card": 2}
+    assert not leaks(await raw_rows(store, session_id))
+    assert not leaks(orjson.dumps(render((await build_context(store, session_id)).native(), "openai")).decode())
+
+
 async def test_a_held_chunk_is_written_by_flush_and_after_hold_time(store_url: str, session_id: str) -> None:
     store = await open_store(store_url, redactor=Redactor())
     try:
