@@ -317,10 +317,18 @@ async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig
 
     from calltape.eventstore import open_store
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # The store closes here, inside uvicorn's own shutdown: after it, uvicorn raises the Ctrl-C it
+            # caught again, which cancels this task, and a connection still closing then would print a
+            # traceback (SQLite's closes in a thread the cancellation interrupts).
+            await super().shutdown(sockets)
+            await store.close()
+
     store = await open_store(url)
     try:
         app = create_app(store, config)
-        server = uvicorn.Server(
+        server = Server(
             uvicorn.Config(
                 app,
                 host=host,
