@@ -4,7 +4,12 @@ Generates ``--sessions`` x ``--events`` realistic events (``workload.py``), writ
 times the command-line import in-process (parse, validate, one transaction) into a fresh SQLite file
 and into a scratch PostgreSQL database; then times the same file again (the quick re-import).
 Prints one JSON object: ``import_events_per_s`` per backend, ``import_cpu_us_per_event`` (this process's
-CPU time per event: the reader process and PostgreSQL's server work are not in it) and ``reimport_s``.
+CPU time per event: the reader process and PostgreSQL's server work are not in it) and ``reimport_s``;
+then ``import_peak_rss_mb``: the peak resident memory of ``calltape import`` (its largest process, in a
+subprocess) of ``--rss-events`` events *without* ids (each gets a deterministic one, so the import keeps
+a key per distinct line) into a fresh SQLite file, and ``import_peak_rss_mb_with_ids`` for the same
+events with ids, when ``--rss-events N`` asks (the issue's figure: ``--rss-events 1000000 --only-rss``,
+a few minutes); ``--only-rss`` measures only them.
 
 ``--baseline REV`` (say ``9bf6b83``, v0.1) also times that revision's ``calltape import`` on the same
 file, in a subprocess on a checkout of it (``git worktree``), alternating with this one ``--repeat``
@@ -32,17 +37,43 @@ from bench.workload import call_timeline
 from calltape.events import format_time
 
 
-def _write(path: Path, sessions: int, per: int) -> int:
+def _write(path: Path, sessions: int, per: int, *, ids: bool = True) -> int:
     t0 = 1_764_000_000_000
     n = 0
     with path.open("wb") as f:
         for s in range(sessions):
             sid = f"bench-{s:05d}"
             for i, (kind, data) in enumerate(call_timeline(s, per), start=1):
-                row = {"id": f"{sid}-{i}", "session": sid, "type": kind, "at": format_time(t0 + i * 40), "data": data}
+                row = {"session": sid, "type": kind, "at": format_time(t0 + i * 40), "data": data}
+                if ids:
+                    row["id"] = f"{sid}-{i}"
                 f.write(orjson.dumps(row) + b"\n")
                 n += 1
     return n
+
+
+_PEAK = """
+import os, resource, subprocess, sys
+cli = "import sys; from calltape.cli.app import main; main(sys.argv[1:])"
+done = subprocess.run([sys.executable, "-c", cli, "--db", sys.argv[1], "import", sys.argv[2]],
+                      env=dict(os.environ, CALLTAPE_NO_PROGRESS="1"), capture_output=True, text=True)
+assert done.returncode == 0, done.stderr
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def peak_rss_mb(url: str, path: Path) -> float:
+    """The peak resident memory (MB) of ``calltape import`` of ``path``: of the largest of its processes
+    (the importer, or its reader process), measured by the kernel (``ru_maxrss`` of the waited-for
+    processes, through a fresh wrapper so that nothing else this run started counts)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, url, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    return round(int(done.stdout.strip().splitlines()[-1]) / 1024, 1)  # ru_maxrss is in KiB on Linux
 
 
 def _import(url: str, path: Path, cpu: dict[str, float] | None = None) -> float:
@@ -135,6 +166,17 @@ def _compare(args: argparse.Namespace, path: Path, n: int, tmp: str, figures: di
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=here, check=False)
 
 
+def _peak_memory(events: int, tmp: Path, figures: dict[str, object]) -> None:
+    """``import_peak_rss_mb`` (events without ids) and ``..._with_ids``, each into a fresh SQLite file."""
+    per = 2000
+    sessions = max(1, events // per)
+    for key, ids in (("import_peak_rss_mb", False), ("import_peak_rss_mb_with_ids", True)):
+        path = tmp / f"rss-{key}.jsonl"
+        figures["rss_events"] = _write(path, sessions, per, ids=ids)
+        figures[key] = peak_rss_mb(f"sqlite:///{tmp}/{key}.db", path)
+        path.unlink()
+
+
 def main() -> None:
     """Runs the import benchmark and prints its figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -143,11 +185,20 @@ def main() -> None:
     parser.add_argument("--db", default=os.environ.get("CALLTAPE_BENCH_DB", "postgresql://postgres@127.0.0.1/test"))
     parser.add_argument("--baseline", metavar="REV", help="Also time this git revision's import (e.g. 9bf6b83).")
     parser.add_argument("--repeat", type=int, default=3, help="Runs of each side with --baseline.")
+    parser.add_argument(
+        "--rss-events", type=int, default=0, metavar="N", help="Also measure the peak memory of importing N events."
+    )
+    parser.add_argument("--only-rss", action="store_true", help="Measure only the peak memory of an import.")
     args = parser.parse_args()
     os.environ["CALLTAPE_NO_PROGRESS"] = "1"
     figures: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "calls.jsonl"
+        if args.rss_events:
+            _peak_memory(args.rss_events, Path(tmp), figures)
+            if args.only_rss:
+                print(json.dumps(figures, indent=2))
+                return
         n = _write(path, args.sessions, args.events)
         figures["events"] = n
         if args.baseline:

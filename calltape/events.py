@@ -8,6 +8,7 @@ when they were appended.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+from pydantic_core import PydanticSerializationError
 
 from calltape.canonical_json import canonical_bytes
 from calltape.errors import InvalidEvent
@@ -185,6 +187,12 @@ _BASES: tuple[tuple[Any, Any], ...] = (
 )
 
 
+def _not_json(type_name: str) -> InvalidEvent:
+    """The one sentence for a Python value in ``data`` that JSON cannot hold, named by its type."""
+    article = "an" if type_name.lstrip("_")[:1].lower() in ("a", "e", "i", "o", "u") else "a"
+    return InvalidEvent(f"'data' holds {article} {type_name}, which is not a JSON value")
+
+
 def _check_value(value: Any, depth: int, strict: bool = False) -> int:
     """Walks ``data`` and returns a bound on its JSON size (a character takes at most six bytes, an
     escape). A message names where, never what: content stays out of errors. The common types are
@@ -230,7 +238,7 @@ def _check_value(value: Any, depth: int, strict: bool = False) -> int:
     for base, convert in () if strict else _BASES:  # subclasses (a str enum, a Mapping): as their base type
         if isinstance(value, base):
             return _check_value(convert(value), depth)
-    raise InvalidEvent(f"'data' holds a {kind.__name__}, which is not a JSON value")
+    raise _not_json(kind.__name__)
 
 
 def _check_envelope_text(event: Event) -> None:
@@ -696,8 +704,45 @@ def _dump_data(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def _check_loose(value: Any, depth: int) -> None:
+    """What the typed models' JSON dump would hide or fail on, refused as :func:`_check_value` refuses
+    it in an extension's data: a number that is not finite (the dump would write ``null``), nesting
+    deeper than :data:`MAX_DEPTH` (the dump would fail on recursion), bytes (not a JSON value). Other
+    Python values (a date, a model, an enum) are left to the dump, which turns them into JSON."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if isinstance(value, float):
+        if value != value or value in (_INF, -_INF):
+            raise InvalidEvent("a number in 'data' is not finite")
+        return
+    if isinstance(value, Mapping):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raise _not_json(kind.__name__)
+    else:
+        return
+    if depth >= MAX_DEPTH:
+        raise InvalidEvent(f"'data' is nested deeper than {MAX_DEPTH} levels")
+    for item in items:
+        _check_loose(item, depth + 1)
+
+
+def _unserializable(exc: Exception) -> InvalidEvent:
+    """A value the typed dump could not turn into JSON, named by its type (never by its content)."""
+    found = re.search(r"<class '([\w.]+)'>", str(exc)) if isinstance(exc, PydanticSerializationError) else None
+    if found is not None:
+        return _not_json(found.group(1).rsplit(".", 1)[-1])
+    if isinstance(exc, RecursionError) or "depth" in str(exc):
+        return InvalidEvent(f"'data' is nested deeper than {MAX_DEPTH} levels")
+    return InvalidEvent("'data' holds a value that cannot be written as JSON")
+
+
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Checks one event's ``data`` against its type; returns the normalized dict."""
+    """Checks one event's ``data`` against its type; returns the normalized dict. Anything wrong is an
+    :class:`~calltape.errors.InvalidEvent` whose one sentence names where, never the value."""
     plain = _PLAIN_DATA.get(event_type)
     if plain is not None and (data is None or type(data) is dict):
         checked = _plain_data(plain, data or {})
@@ -708,10 +753,13 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
         if is_extension(event_type):
             return dict(data or {})
         raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
+    _check_loose(data or {}, 0)
     try:
         return _dump_data(model.model_validate(data or {}))
     except ValidationError as exc:
         raise InvalidEvent(f"{event_type}: data {_first_error(exc)}") from None
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError) as exc:
+        raise _unserializable(exc) from None
 
 
 _WIRE_FIELDS = frozenset({"id", "session", "seq", "type", "at", "agent", "epoch", "data"})
@@ -1010,11 +1058,17 @@ def parse_read(obj: Any, line: bytes) -> Event:
 def _parse_union(obj: Mapping[str, Any], event_type: str) -> Event:
     """Any wire event through the discriminated union: the reference for :func:`_parse_common`
     (a property test holds the two equal) and the source of every validation message."""
+    data = obj.get("data")
+    if isinstance(data, Mapping):
+        _check_loose(data, 0)
     try:
         model = _WIRE_ADAPTER.validate_python(obj)
     except ValidationError as exc:
         raise InvalidEvent(f"{event_type}: {_first_error(exc)}") from None
-    data = model.data if isinstance(model, ExtensionEvent) else _dump_data(model.data)
+    try:
+        data = model.data if isinstance(model, ExtensionEvent) else _dump_data(model.data)
+    except (PydanticSerializationError, ValueError, TypeError, RecursionError) as exc:
+        raise _unserializable(exc) from None
     at_ms = now_ms()
     if model.at is not None:
         at = model.at if model.at.tzinfo else model.at.replace(tzinfo=UTC)

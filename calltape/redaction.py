@@ -7,11 +7,14 @@ several transcript chunks of one user turn, so checking each string alone is not
   numerals or spoken digit words, in groups separated by spaces, dashes, dots or commas), ``ssn``
   (3-2-4 digit groups), ``phone`` (10-15 digits, ``+`` allowed), ``email``, and the user's own patterns.
 * :class:`Redactor` applies them to every string the projection can show: transcripts, user text, agent
-  text and ``heard``, instructions, tool arguments and outputs (every string leaf of their JSON). Ids
-  (``reply``, ``call``, tool names) are never touched.
-* :class:`RedactingStream` is the writer's stateful side: it holds back a user chunk that *ends* in digits
-  until the next event of that session shows whether the digits went on into a card number, so no part
-  of the number is written before calltape knows it is one.
+  text and ``heard``, instructions, tool arguments and outputs (every string leaf of their JSON, and
+  every integer leaf of 13-19 digits passing Luhn: a card number a tool wrote as a number becomes the
+  string ``"[card]"``). Ids (``reply``, ``call``, tool names) are never touched.
+* :class:`RedactingStream` is the writer's stateful side: it holds back a user chunk that *ends* in digits,
+  and the rest of that user turn with it, until the turn is over (the session's first event that is not
+  the user speaking: the agent's answer, a tool, the end), then decides over the turn's transcripts as a
+  whole, so no part of a card number is written before calltape knows whether it is one, however long
+  the caller pauses between the groups.
 
 Nothing here logs or raises with the text it looks at; counts leave, values never do.
 """
@@ -217,6 +220,13 @@ _TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "tool.effect": ("output",),
 }
 _USER_TEXT = frozenset({"user.transcript", "user.text"})
+_USER_TURN = _USER_TEXT | {"user.speech.started", "user.speech.stopped"}
+"""The events of a user's turn: a held turn goes on through them (a pause is not its end)."""
+UNDECIDED_DIGITS = 4
+"""A held chunk let out before its turn was decided has a trailing run of this many digits or more
+masked: a card's groups are four digits; fewer reveal too little of one to matter."""
+_CARD_LOW, _CARD_HIGH = 10**12, 10**19
+"""An integer with 13 to 19 digits (that passes Luhn) is a card number written as a JSON number."""
 
 
 @dataclass(slots=True)
@@ -225,6 +235,9 @@ class Redactor:
 
     kinds: tuple[str, ...] = KINDS
     patterns: Mapping[str, str] = field(default_factory=dict)
+    hold_ms: int = 30_000
+    """On write, the longest a user turn that may still be reading a card number is held back before it
+    is written anyway, its undecided digits masked (see :class:`RedactingStream`)."""
     _compiled: dict[str, re.Pattern[str]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -264,6 +277,11 @@ class Redactor:
     def _value(self, value: Any, counts: Counter[str]) -> Any:
         if isinstance(value, str):
             return self.text(value, counts)
+        if type(value) is int and _CARD_LOW <= abs(value) < _CARD_HIGH and "card" in self.kinds:
+            if luhn(str(abs(value))):  # a card number a tool wrote as a JSON number
+                counts["card"] += 1
+                return "[card]"
+            return value
         if isinstance(value, dict):
             return {k: self._value(v, counts) for k, v in value.items()}
         if isinstance(value, list):
@@ -297,9 +315,9 @@ class Redactor:
             counts.update(found)
         return replace(event, data=new)
 
-    def stream(self, hold_ms: int = 1500) -> RedactingStream:
-        """The writer's side, with per-session memory of a user turn's trailing digits."""
-        return RedactingStream(self, hold_ms)
+    def stream(self, hold_ms: int | None = None) -> RedactingStream:
+        """The writer's side, with per-session memory of a user turn that may still be reading digits."""
+        return RedactingStream(self, self.hold_ms if hold_ms is None else hold_ms)
 
     def events(self, events: Iterable[Event], counts: Counter[str] | None = None) -> list[Event]:
         """A whole batch in order (an import, a rewrite): chunks split across events are found too."""
@@ -307,7 +325,7 @@ class Redactor:
         out: list[Event] = []
         for event in events:
             out += stream.push(event)
-        out += stream.release()
+        out += stream.release(decided=True)  # the whole input is known: nothing more can join a turn
         if counts is not None:
             counts.update(stream.counts)
         return out
@@ -320,20 +338,31 @@ class _Held:
 
 
 class RedactingStream:
-    """Redacts events in log order, holding back a user chunk that ends in digits.
+    """Redacts events in log order, holding back a user turn that may still be reading a card number.
 
-    A user turn's digits can be split over chunks ("four two four two" then "four two …"). A chunk whose
-    text ends in a digit run is held until the session's next event: if that is more of the same user turn
-    and the digits join into a card number, the digits on both sides of the seam are masked; otherwise the
-    held chunk goes out as it was. Holding never reorders a session: an event behind a held one waits with
-    it. ``release()`` lets everything out (a flush, a durable append, close, or ``hold_ms`` elapsed).
+    A card is read in groups, over several chunks, with pauses: "four two four two" … "four two …". A user
+    chunk whose text ends in a digit run is held, and every later event of the same user turn is held
+    behind it (more transcripts, interim or final, typed text, ``user.speech.started``/``stopped``: a pause
+    the VAD calls the end of speech does not end the turn). Each chunk that arrives is joined at its seams
+    with the held ones, and digits that join into a card number are masked on both sides. The session's
+    first event that is not the user's turn (the agent answering, a tool, an interruption, the end) decides
+    the turn: it is let out with everything held, in order. Holding never reorders a session.
+
+    ``release()`` lets held turns out before they are decided (a flush, a durable append of a user event,
+    close, or a turn held longer than ``hold_ms``). Such a turn might still have become a card, so every
+    held chunk's trailing run of :data:`UNDECIDED_DIGITS` or more digits is masked as ``[card]``, and so is
+    the run the turn's next chunk begins with (it may be the other half): no half of a card number
+    reaches the database in clear, at the price of a number read just before a flush.
     """
 
-    def __init__(self, redactor: Redactor, hold_ms: int = 1500) -> None:
+    def __init__(self, redactor: Redactor, hold_ms: int = 30_000) -> None:
         self.redactor = redactor
         self.hold_ms = hold_ms
         self.counts: Counter[str] = Counter()
         self._held: dict[str, list[_Held]] = {}
+        self._cut: set[str] = set()
+        """Sessions whose turn was let out undecided, still going: the digits a chunk of theirs begins
+        with may complete a card whose first part was masked, so they are masked too."""
 
     @property
     def holding(self) -> int:
@@ -344,12 +373,17 @@ class RedactingStream:
         """The events ready to write now, in order (possibly none, possibly earlier held ones too)."""
         redacted = self.redactor.event(event, self.counts)
         redacted.redacted = True
+        if event.session in self._cut:
+            if event.type in _USER_TEXT:
+                redacted = self._mask_undecided(redacted, leading=True)
+            elif event.type not in _USER_TURN:
+                self._cut.discard(event.session)  # the turn is over
         held = self._held.get(event.session)
         if held:
-            if event.type in _USER_TEXT and "card" in self.redactor.kinds:
+            if event.type in _USER_TEXT:
                 redacted = self._mask_seams(held, redacted, _user_text(event))
-            if event.type in _USER_TEXT and _ends_in_digits(_user_text(redacted)):
-                held.append(_Held(redacted, now_ms()))
+            if event.type in _USER_TURN:
+                held.append(_Held(redacted, now_ms()))  # the turn goes on: decided as a whole at its end
                 return []
             out = [h.event for h in held] + [redacted]
             del self._held[event.session]
@@ -401,8 +435,12 @@ class RedactingStream:
                 held[index] = _Held(updated, held[index].at_ms)
         return incoming
 
-    def release(self, session: str | None = None, *, older_than_ms: int | None = None) -> list[Event]:
-        """Lets held events out: of one session, of all, or only those held longer than ``older_than_ms``."""
+    def release(
+        self, session: str | None = None, *, older_than_ms: int | None = None, decided: bool = False
+    ) -> list[Event]:
+        """Lets held turns out: of one session, of all, or only those held longer than ``older_than_ms``.
+        Unless ``decided`` (nothing more can join them: the end of an import), their undecided trailing
+        digits are masked first (see the class)."""
         out: list[Event] = []
         now = now_ms()
         for key in [session] if session is not None else list(self._held):
@@ -411,9 +449,29 @@ class RedactingStream:
                 continue
             if older_than_ms is not None and now - held[0].at_ms < older_than_ms:
                 continue
-            out += [h.event for h in held]
+            out += [h.event if decided else self._mask_undecided(h.event) for h in held]
             del self._held[key]
+            if not decided:
+                self._cut.add(key)
         return out
+
+    def _mask_undecided(self, event: Event, *, leading: bool = False) -> Event:
+        """A chunk of a turn let out before it was decided: its trailing digit run (``leading``: the run
+        it begins with, in a chunk that comes after), if long enough to be part of a card number,
+        becomes ``[card]``."""
+        if event.type not in _USER_TEXT:
+            return event
+        text = _user_text(event)
+        runs = _runs(text)
+        if not runs:
+            return event
+        run = runs[0] if leading else runs[-1]
+        at_edge = not text[: run.start].strip(" .,-") if leading else run.end == len(text.rstrip(" .,-"))
+        if not at_edge or len(run.digits) < UNDECIDED_DIGITS:
+            return event
+        self.counts["card"] += 1
+        masked = apply_spans(text, [(run.start, run.end, "card")])
+        return replace(event, data={**event.data, "text": masked})
 
 
 def _user_text(event: Event) -> str:

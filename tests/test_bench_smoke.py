@@ -76,3 +76,10 @@ def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: s
         assert figures[f"{backend}_import_events_per_s_median"] > 0
         assert figures[f"{backend}_baseline_events_per_s_median"] > 0
         assert len(figures[f"{backend}_runs_s"]["baseline"]) == 1
+
+
+def test_import_bench_measures_the_peak_memory_of_an_import(pg_admin_url: str) -> None:
+    proc = _bench("bench.importing", "--only-rss", "--rss-events", "4000", "--db", pg_admin_url, timeout=300)
+    figures = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert figures["rss_events"] == 4000
+    assert 10 < figures["import_peak_rss_mb"] < 1000 and 10 < figures["import_peak_rss_mb_with_ids"] < 1000

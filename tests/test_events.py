@@ -230,6 +230,77 @@ def test_make_event_errors(event_type, data, expected):
     one_sentence(str(info.value))
 
 
+def _nested(levels: int) -> object:
+    value: object = "SECRET-leaf"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "SECRET-repr"
+
+
+_NOT_JSON = {
+    "bytes": (b"SECRET-bytes", "'data' holds a bytes, which is not a JSON value"),
+    "bytes not utf-8": (b"\xffSECRET", "'data' holds a bytes, which is not a JSON value"),
+    "object": (object(), "'data' holds an object, which is not a JSON value"),
+    "own class": (_Opaque(), "'data' holds an _Opaque, which is not a JSON value"),
+    "nested 65": (_nested(65), "'data' is nested deeper than 64 levels"),
+    "nested 300": (_nested(300), "'data' is nested deeper than 64 levels"),
+    "nested 3000": (_nested(3000), "'data' is nested deeper than 64 levels"),
+    "nan": (float("nan"), "a number in 'data' is not finite"),
+    "infinity": ({"SECRET-key": [float("inf")]}, "a number in 'data' is not finite"),
+    "-infinity": (-float("inf"), "a number in 'data' is not finite"),
+}
+
+
+@pytest.mark.parametrize("value", _NOT_JSON.values(), ids=_NOT_JSON.keys())
+@pytest.mark.parametrize(
+    ("event_type", "place"),
+    [
+        ("tool.result", lambda v: {"call": "c", "output": v}),
+        ("tool.call", lambda v: {"call": "c", "name": "n", "arguments": {"a": v}}),
+        ("tool.progress", lambda v: {"call": "c", "state": {"s": v}}),
+        ("session.started", lambda v: {"agent": "a", "metadata": {"m": v}}),
+        ("x.acme", lambda v: {"v": v}),
+    ],
+    ids=["tool.result", "tool.call", "tool.progress", "session.started", "extension"],
+)
+def test_make_event_refuses_what_is_not_json_in_one_sentence(event_type, place, value):
+    """Issue 26 item 14: typed events refuse what an extension refuses (raw pydantic, Unicode and
+    recursion errors before; NaN and infinity silently stored as null), always an InvalidEvent whose
+    one sentence never quotes the value."""
+    bad, sentence = value
+    with pytest.raises(InvalidEvent) as info:
+        make_event("s", event_type, place(bad))
+    message = str(info.value)
+    assert message == sentence
+    one_sentence(message)
+    assert "SECRET" not in message
+
+
+def test_typed_fields_refuse_bytes_where_a_string_is_due():
+    with pytest.raises(InvalidEvent, match="'data' holds a bytes"):
+        make_event("s", "user.text", {"text": b"hello"})
+
+
+def test_python_values_the_dump_turns_into_json_are_still_kept():
+    """A tool may return a date or a model: the typed dump writes them as JSON, as before."""
+    import datetime
+
+    event = make_event("s", "tool.result", {"call": "c", "output": {"on": datetime.date(2025, 1, 31), "n": (1, 2)}})
+    assert event.data["output"] == {"on": "2025-01-31", "n": [1, 2]}
+
+
+def test_deep_typed_data_on_the_wire_is_the_depth_sentence():
+    line = '{"type":"tool.result","session":"s","data":{"call":"c","output":' + "[" * 1000 + "]" * 1000 + "}}"
+    with pytest.raises(InvalidEvent) as info:
+        parse_event(line)
+    assert str(info.value) == "'data' is nested deeper than 64 levels"
+
+
 def test_make_event_needs_a_session():
     with pytest.raises(InvalidEvent, match="session"):
         make_event("", "user.text", {"text": "x"})

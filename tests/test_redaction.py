@@ -112,6 +112,26 @@ def test_only_shown_text_is_rewritten() -> None:
     assert redactor.event(untouched) is untouched
 
 
+@pytest.mark.parametrize("number", [4242424242424242, 378282246310005, 6011111111111117, -4242424242424242])
+def test_a_card_written_as_a_number_is_masked(number: int) -> None:
+    """Issue 26 item 10: an integer leaf of 13-19 digits passing Luhn is a card, as its digits in text are."""
+    counts: Counter[str] = Counter()
+    call = make_event("s", "tool.call", {"call": "c", "name": "pay", "arguments": {"card": number, "cvc": 123}})
+    assert Redactor().event(call, counts).data["arguments"] == {"card": "[card]", "cvc": 123}
+    assert counts == Counter(card=1)
+    result = make_event("s", "tool.result", {"call": "c", "output": number})
+    assert Redactor().event(result).data["output"] == "[card]"
+
+
+@pytest.mark.parametrize("number", [4242424242424241, 424242424242, 1764000000001])
+def test_numbers_that_are_not_cards_are_kept(number: int) -> None:
+    assert not luhn(str(number)) or not 13 <= len(str(number)) <= 19
+    result = make_event("s", "tool.result", {"call": "c", "output": {"n": number, "flag": True}})
+    assert Redactor().event(result).data["output"] == {"n": number, "flag": True}
+    unwanted = make_event("s", "tool.result", {"call": "c", "output": 4242424242424242})
+    assert Redactor(kinds=("email",)).event(unwanted).data["output"] == 4242424242424242
+
+
 def chunks(*texts: str, final: bool = True) -> list:
     return [make_event("s", "user.transcript", {"text": t, "final": final}) for t in texts]
 
@@ -142,21 +162,58 @@ def test_digits_that_do_not_become_a_card_are_kept() -> None:
     assert out[0].data["text"] == "my zip is nine four one one oh"
 
 
-def test_stream_holds_a_chunk_ending_in_digits_until_the_next_event() -> None:
+def test_stream_holds_a_chunk_ending_in_digits_until_the_user_turn_ends() -> None:
     stream = Redactor().stream()
     first, second = chunks("my code is one two three", "four five six")
     assert stream.push(first) == []  # might continue into a card: held
-    assert stream.push(second) == []  # still digits at the end: held with it
-    assert stream.holding == 2
-    out = stream.push(make_event("s", "user.speech.stopped", {}))  # the turn moved on: all out, in order
-    assert [e.type for e in out] == ["user.transcript", "user.transcript", "user.speech.stopped"]
-    assert [e.data.get("text") for e in out[:2]] == ["my code is one two three", "four five six"]
+    assert stream.push(make_event("s", "user.speech.stopped", {})) == []  # a pause is not the end of the turn
+    assert stream.push(second) == []  # the turn goes on: held with it
+    assert stream.holding == 3
+    out = stream.push(make_event("s", "agent.reply.started", {"reply": "r"}))  # the turn is over: all out, in order
+    assert [e.type for e in out] == ["user.transcript", "user.speech.stopped", "user.transcript", "agent.reply.started"]
+    assert [e.data.get("text") for e in out[::2]] == ["my code is one two three", "four five six"]
     assert stream.holding == 0
+
+
+def test_a_card_read_with_pauses_is_decided_over_the_whole_turn() -> None:
+    """Issue 26 item 11: the halves of a card, with the pauses a caller makes between them (and the
+    speech-stopped/started events a VAD puts there), are masked on both sides."""
+    stream = Redactor().stream()
+    out: list = []
+    for event in [
+        make_event("s", "user.speech.started", {}),
+        *chunks("my card is four two four two four two four two"),
+        make_event("s", "user.speech.stopped", {}),
+        make_event("s", "user.speech.started", {}),
+        *chunks("uh hold on", "four two four two four two four two"),
+        make_event("s", "user.speech.stopped", {}),
+    ]:
+        out += stream.push(event)
+    assert [e.type for e in out] == ["user.speech.started"]  # nothing of the turn is out before its end
+    out += stream.push(make_event("s", "agent.reply.started", {"reply": "r"}))
+    texts = [e.data["text"] for e in out if e.type == "user.transcript"]
+    assert texts == ["my card is [card]", "uh hold on", "[card]"]
+
+
+def test_a_turn_let_out_before_it_is_decided_has_its_trailing_digits_masked() -> None:
+    stream = Redactor().stream()
+    assert stream.push(chunks("my card is four two four two four two four two")[0]) == []
+    assert stream.push(chunks("my pin is one two")[0]) == []
+    out = stream.release()  # a flush, close, or the turn held past hold_ms: the rest may never come
+    assert [e.data["text"] for e in out] == ["my card is [card]", "my pin is one two"]  # under 4 digits: kept
+    assert stream.counts["card"] == 1
+    rest = stream.push(chunks("four two four two four two four two, thanks")[0])  # the other half, same turn
+    assert [e.data["text"] for e in rest] == ["[card], thanks"]
+    stream.push(make_event("s", "agent.reply.started", {"reply": "r"}))  # the turn is over
+    assert stream.push(chunks("four two four two, thanks")[0])[0].data["text"] == "four two four two, thanks"
+    decided = Redactor().events(chunks("my zip is nine four one one oh"))  # the whole input: decided
+    assert decided[0].data["text"] == "my zip is nine four one one oh"
 
 
 def test_stream_masks_both_sides_of_a_seam() -> None:
     stream = Redactor().stream()
     first, second = chunks("card four two four two four two four two", "four two four two four two four two")
     assert stream.push(first) == []
-    out = stream.push(second)  # joined, the digits are a card: both masked, nothing ends in digits now
-    assert [e.data["text"] for e in out] == ["card [card]", "[card]"]
+    assert stream.push(second) == []  # joined, the digits are a card: both masked; the turn goes on
+    out = stream.push(make_event("s", "agent.reply.started", {"reply": "r"}))
+    assert [e.data.get("text") for e in out] == ["card [card]", "[card]", None]

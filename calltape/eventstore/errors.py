@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 
@@ -65,10 +66,27 @@ def is_disconnect(exc: BaseException) -> bool:
     )
 
 
+_NODE_FAILURE = re.compile(
+    r"could not commit transaction (?:for shard \d+ )?on (?:at least one|any) active node"
+    r"|failure on connection marked as essential"
+)
+"""Citus's words for a worker node it lost during a transaction (raised as SQLSTATE XX000, an internal
+error, often at COMMIT): the cluster is partly down, not the events wrong."""
+
+
+def is_node_failure(exc: BaseException) -> bool:
+    """Whether a Citus coordinator reports a worker node lost mid-transaction (an outage: retrying once
+    the worker is back succeeds, and appends are idempotent, so a part that did commit is not doubled)."""
+    return any(
+        getattr(e, "sqlstate", None) == "XX000" and _NODE_FAILURE.search(str(e)) is not None for e in error_chain(exc)
+    )
+
+
 @contextlib.asynccontextmanager
 async def translate_errors(url: str, *, tenant: str | None = None) -> AsyncIterator[None]:
-    """Turns driver errors into ``StoreUnavailable`` or ``SchemaOutdated`` naming the database, and a row
-    refused by row-level security into ``TenantRefused`` (for a store opened for ``tenant``)."""
+    """Turns driver errors into ``StoreUnavailable`` (an unreachable database, a busy SQLite file, a Citus
+    worker lost mid-transaction) or ``SchemaOutdated`` naming the database, and a row refused by
+    row-level security into ``TenantRefused`` (for a store opened for ``tenant``)."""
     try:
         yield
     except (StoreUnavailable, SchemaOutdated, TenantRefused):
@@ -87,7 +105,7 @@ async def translate_errors(url: str, *, tenant: str | None = None) -> AsyncItera
             isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "unable to open" in str(e))
             for e in chain
         )
-        if is_disconnect(exc) or sqlite_busy:
+        if is_disconnect(exc) or sqlite_busy or is_node_failure(exc):
             raise StoreUnavailable(f"cannot reach the {where(url)}: {text}") from exc
         raise
 

@@ -426,11 +426,6 @@ class PostgresEventStore(SqlEventStore):
         assert isinstance(db, _PgDb)
         await db.conn.execute(_ANNOUNCE_ERASURE, CHANNEL, channel(tenant), ERASED)
 
-    async def _erased(self, sessions: set[str]) -> set[str]:
-        async with self._connection() as conn, self.reading(conn):
-            rows = await conn.fetch("SELECT session FROM ct_sessions WHERE session = ANY($1::text[])", list(sessions))
-        return sessions - {r[0] for r in rows}
-
 
 _ANNOUNCE_ERASURE = "SELECT pg_notify(c, $3) FROM (VALUES ($1::text), ($2::text)) AS channels(c)"
 
@@ -438,8 +433,8 @@ _ANNOUNCE_ERASURE = "SELECT pg_notify(c, $3) FROM (VALUES ($1::text), ($2::text)
 class _NotifyWaiter(ChangeWaiter):
     """LISTEN on a dedicated connection; reconnects lazily after it is lost (readers poll meanwhile).
 
-    An erasure's notification (payload :data:`ERASED`) moves :meth:`erasures`; so does every moment the
-    connection is not listening, since an erasure then could go unheard."""
+    An erasure's or a redaction's notification (payload :data:`ERASED`) moves :meth:`erasures`; so does
+    every moment the connection is not listening, since one then could go unheard."""
 
     def __init__(self, url: str, tenant: str | None = None) -> None:
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

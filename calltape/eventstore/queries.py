@@ -376,11 +376,13 @@ class SqlEventStore(EventStore):
         return row is None or _older(row[1], before_ms)
 
     async def _announce_erasure(self, db: Db, tenant: str | None) -> None:
-        """Inside the erasing transaction: tells other processes' subscriptions (PostgreSQL: NOTIFY)."""
+        """Inside a transaction that erases or rewrites stored events: tells other processes'
+        subscriptions, which read again the page they hold (PostgreSQL: NOTIFY)."""
         return None
 
     async def _erasure_committed(self) -> None:
-        """After the erasing transaction: tells other processes' subscriptions (SQLite: a counter file)."""
+        """After a transaction that erased or rewrote stored events: tells other processes'
+        subscriptions (SQLite: a counter file)."""
         return None
 
     async def tombstone(self, session: str) -> Tombstone | None:
@@ -393,10 +395,16 @@ class SqlEventStore(EventStore):
         if await self._hidden(session):
             raise SessionNotFound(session)
         async with self._db(write=True) as db:
+            owner = await db.fetchrow(_SESSION_FOR_UPDATE, session=session)
+            if owner is None:
+                raise SessionNotFound(session)
             await db.executemany(
                 _REWRITE_DATA, [{"b_session": session, "b_seq": seq, "data": dumps_data(data)} for seq, data in changes]
             )
             await db.execute(_DELETE_SNAPSHOTS, session=session)
+            await self._announce_erasure(db, owner[0])  # a page read before holds the old data
+        note_erasure()
+        await self._erasure_committed()
 
     # -- snapshots ---------------------------------------------------------------------------
 

@@ -252,9 +252,9 @@ _FEED_UNTENANTED = _feed_of(sessions.c.tenant.is_(None))
 # -- erasures seen across processes ------------------------------------------------------------
 #
 # SQLite has no notifications, and a query before every event a subscription hands out would cost more
-# than the event. So every erase, once committed, bumps a counter in a small file beside the database
-# (``calltape.db-erasures``: eight bytes, no content, owner-only); a subscription reads it (one pread)
-# before each event and re-checks its page only when it moved.
+# than the event. So every erase (and every rewrite by redaction), once committed, bumps a counter in a
+# small file beside the database (``calltape.db-erasures``: eight bytes, no content, owner-only); a
+# subscription reads it (one pread) before each event and reads its page again only when it moved.
 
 
 def _open_counter(path: str) -> int:
@@ -391,7 +391,3 @@ class SqliteEventStore(SqlEventStore):
                 trimmed += await db.execute(_TRIM, session=session, step=step)
             await asyncio.sleep(0)
         return await self._erase(session, trimmed, before_ms if not trimmed else None)
-
-    async def _erased(self, sessions: set[str]) -> set[str]:
-        rows = await self._fetch(_SESSIONS_IN, sessions=orjson.dumps(sorted(sessions)).decode())
-        return sessions - {r[0] for r in rows}

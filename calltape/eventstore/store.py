@@ -50,14 +50,15 @@ class Tombstone:
 
 
 class _ErasuresHere:
-    """How many erasures this process has committed, through any store: a subscription that sees the
-    count move re-checks the page it holds (see :meth:`EventStore.subscribe`)."""
+    """How many erasures and rewrites (redaction) this process has committed, through any store: a
+    subscription that sees the count move reads again the page it holds (see :meth:`EventStore.subscribe`)."""
 
     count = 0
 
 
 def note_erasure() -> None:
-    """Records that this process has just committed an erasure (called by the stores' ``erase``)."""
+    """Records that this process has just committed an erasure or a rewrite (called by the stores'
+    ``erase`` and ``rewrite_data``)."""
     _ErasuresHere.count += 1
 
 
@@ -190,54 +191,49 @@ class EventStore(ABC):
     ) -> AsyncIterator[tuple[FeedPosition, Event]]:
         """Follows the feed forever from ``after``; survives lost connections without gaps or repeats.
 
-        Events are read a page at a time, but an erased session's events are never handed out once the
-        erasure is known: before each event the subscription compares a count of erasures (this
-        process's, and the waiter's view of other processes': no query), and when it moved it asks the
-        database which of the page's sessions are gone and skips their events.
+        Events are read a page at a time, but a page is not handed out as it was read once stored events
+        changed under it: an erased session's events are never handed out once the erasure is known, and
+        a redacted session's events are handed out as rewritten. Before each event the subscription
+        compares a count of erasures and rewrites (this process's, and the waiter's view of other
+        processes': no query); when it moved, it reads the rest of the page again. When it moved already
+        at a page's first event (the change committed while the page was read, or a waiter that cannot
+        watch and moves every time), it reads that one event again and hands it out: that read comes
+        after the change.
         """
         position = after or START
         waiter = self.change_waiter()
         backoff = Backoff(0.05, 2.0)
+        limit = batch
+        first_is_fresh = False  # the page's first event was read after the last change seen
 
-        def erasures() -> tuple[int, int]:
+        def changes() -> tuple[int, int]:
             return _ErasuresHere.count, waiter.erasures()
-
-        async def retry_later(exc: StoreUnavailable) -> None:
-            delay = backoff.next()
-            log.warning("subscription: %s; retrying in %.2fs", exc, delay)
-            await asyncio.sleep(delay)
 
         try:
             await waiter.ready()
             while True:
-                checked = erasures()  # before the read: an erasure after it moves the count
+                checked = changes()  # before the read: an erasure or a rewrite after it moves the count
                 try:
-                    rows = await self.feed(position, limit=batch, session=session)
+                    rows = await self.feed(position, limit=limit, session=session)
                 except StoreUnavailable as exc:
-                    await retry_later(exc)
+                    delay = backoff.next()
+                    log.warning("subscription: %s; retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
                     continue
                 backoff.reset()
-                gone: set[str] = set()
                 for i, (at, event) in enumerate(rows):
-                    if (now := erasures()) != checked:
-                        try:
-                            gone |= await self._erased({e.session for _, e in rows[i:]} - gone)
-                        except StoreUnavailable as exc:
-                            await retry_later(exc)
-                            break  # read the rest of the page again, from the last event handed out
-                        checked = now
+                    if (i or not first_is_fresh) and changes() != checked:
+                        limit, first_is_fresh = (1, True) if i == 0 else (batch, False)
+                        break  # read the rest again, from the last event handed out
                     position = at
-                    if event.session not in gone:
-                        yield at, event
+                    yield at, event
                 else:
-                    if len(rows) < batch:
+                    short = len(rows) < limit
+                    limit, first_is_fresh = min(batch, 2 * limit), False
+                    if short:
                         await waiter.wait(poll_interval)
         finally:
             await waiter.close()
-
-    async def _erased(self, sessions: set[str]) -> set[str]:
-        """Which of ``sessions`` the store no longer holds (erased since they were read)."""
-        return {s for s in sessions if await self.session_info(s) is None}
 
     # -- snapshots ---------------------------------------------------------------------------
 

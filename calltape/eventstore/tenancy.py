@@ -95,8 +95,8 @@ CHANNEL = "calltape_events"
 """Woken by every commit (LISTEN by stores without a tenant, the operator's)."""
 
 ERASED = "erased"
-"""The payload of an erasure's notification (on the all-sessions channel and the session's tenant's):
-subscriptions re-check the page they hold. Commits notify with an empty payload."""
+"""The payload of an erasure's or a redaction's notification (on the all-sessions channel and the
+session's tenant's): subscriptions read again the page they hold. Commits notify with an empty payload."""
 
 NOTIFY_TENANTS = (
     f"SELECT pg_notify(c, '') FROM (SELECT '{CHANNEL}' AS c "

@@ -47,7 +47,13 @@ from calltape.events import Event
 from calltape.projections import build_context
 from calltape.runtime.latency import SampleSink, follow_latencies
 from calltape.runtime.latency_otel import otel_latency_sink
-from calltape.server.limits import AbortedUploads, bounded_protocol
+from calltape.server.limits import (
+    ACCEPT_BACKLOG,
+    AbortedUploads,
+    bounded_protocol,
+    connection_budget,
+    quiet_accept_errors,
+)
 from calltape.server.metrics import CONTENT_TYPE, ServerMetrics
 from calltape.server.retell_llm import CONNECTION_EVENT, RetellLLMEndpoint, _Connections, retell_llm_route
 from calltape.server.timeline_view import viewer_routes
@@ -97,7 +103,8 @@ class ReceiverConfig:
     body_timeout: float = 30.0
     """Seconds a client has to send a request's body; past it the request gets 408."""
     max_connections: int = 1000
-    """Open connections the server keeps at most; more are refused at once."""
+    """Open connections the server keeps at most (fewer when the open-file limit allows fewer). Past
+    them, a few more are let in on a lane that answers only ``GET /healthz``."""
     retell_llm: RetellLLMEndpoint | None = None
     """Mounts the Retell custom-LLM WebSocket (the application's LLM behind it)."""
     allow_after_resume: bool = False
@@ -401,10 +408,19 @@ async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig
 
     from calltape.eventstore import open_store
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # The store closes here, inside uvicorn's own shutdown: after it, uvicorn raises the Ctrl-C it
+            # caught again, which cancels this task, and a connection still closing then would print a
+            # traceback (SQLite's closes in a thread the cancellation interrupts).
+            await super().shutdown(sockets)
+            await store.close()
+
+    quiet_accept_errors(asyncio.get_running_loop())
     store = await open_store(url)
     try:
         app = create_app(store, config)
-        server = uvicorn.Server(
+        server = Server(
             uvicorn.Config(
                 app,
                 host=host,
@@ -413,7 +429,8 @@ async def serve(url: str | None, host: str, port: int, *, config: ReceiverConfig
                 timeout_keep_alive=5,
                 lifespan="on",
                 ws_max_size=config.max_body_bytes,
-                http=bounded_protocol(config.header_timeout, config.max_connections),
+                http=bounded_protocol(config.header_timeout, connection_budget(config.max_connections)),
+                backlog=ACCEPT_BACKLOG,
             )
         )
         await server.serve()

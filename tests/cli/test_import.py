@@ -185,3 +185,26 @@ def test_an_import_whose_reader_process_dies_says_so_and_writes_nothing(
         Result(("import",), proc.returncode, out.decode(), err.decode()), "reader process stopped unexpectedly"
     )
     assert _listed(cli, session_id) == set()
+
+
+def test_lines_without_an_id_are_counted_under_a_digest_and_keep_their_ids() -> None:
+    """Issue 26 item 15: the count of each line without an id (its deterministic id's occurrence number)
+    was kept under the line's whole canonical JSON, so a million such events peaked at 4.1 GB. It is
+    kept under a 16-byte digest; the ids stay what they were (a file imported before re-imports as a no-op)."""
+    import sys
+
+    from calltape.cli.reading import LineParser
+
+    parser = LineParser()
+    lines = [
+        orjson.dumps({"session": "s1", "type": "user.text", "data": {"text": f"{i:04d} " + "word " * 2000}})
+        for i in range(300)
+    ]
+    assert len({parser.parse(line).id for line in lines}) == len(lines)
+    assert sum(sys.getsizeof(k) for k in parser.occurrences) < 100 * len(lines)  # not 10 KB a line
+    pinned = b'{"session":"s1","type":"user.text","at":"2025-01-31T09:30:00.000Z","data":{"text":"hello"}}'
+    again = LineParser()
+    assert [again.parse(pinned).id for _ in range(2)] == [  # the ids calltape 0.x gave this line, twice
+        "f600e54a-24e2-5bfc-9730-defee4d2d530",
+        "7ea6c608-1c12-5cbc-b436-a809cb03b356",
+    ]

@@ -150,3 +150,39 @@ def test_fuzz_shaped_files_through_the_script(cli: Cli, tmp_path: Path, session_
         assert "error: unexpected" not in result.err and "Traceback" not in result.err, result
     listed = cli("sessions", "--json", "--limit", "0")
     assert listed.code != 0 or s not in {r["session"] for r in listed.json()}, listed
+
+
+def _deep_objects(n: int) -> str:
+    return '{"a":' * n + "1" + "}" * n
+
+
+def _lists(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+def test_deep_lines_without_an_id_get_the_depth_sentence(cli: Cli, tmp_path: Path, session_id: str) -> None:
+    """Issue 26 item 13: without an ``id`` the import computes one from the line's canonical JSON,
+    which orjson cannot write beyond 254 levels: the line must get the depth refusal naming file and
+    line, not "unexpected TypeError: Recursion limit reached"."""
+    s = session_id
+    started = orjson.dumps({"session": s, "type": "session.started", "data": {"agent": "a"}}).decode()
+    cases = {
+        "objects-254": f'{{"session":"{s}","type":"x.deep","data":{_deep_objects(254)}}}',
+        "objects-1000": f'{{"session":"{s}","type":"x.deep","data":{_deep_objects(1000)}}}',
+        "lists-300": f'{{"session":"{s}","type":"x.deep","data":{{"v":{json.dumps(_deep(300))}}}}}',
+        "typed-1000": f'{{"session":"{s}","type":"tool.result","data":{{"call":"c","output":{_lists(1000)}}}}}',
+    }
+    paths = []
+    for name, bad in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(f"{started}\n{bad}\n")
+        paths.append(path)
+    assert cli("db", "upgrade").code == 0
+    for path, result in zip(paths, cli.many(*(["import", str(p)] for p in paths)), strict=True):
+        assert result.code == 2, result
+        assert result.err.splitlines() == [
+            f"{path}:2: 'data' is nested deeper than 64 levels",
+            "error: nothing was imported: 1 invalid line (fix it and run the import again)",
+        ], result
+    listed = cli("sessions", "--json", "--limit", "0")
+    assert listed.code != 0 or s not in {r["session"] for r in listed.json()}, listed

@@ -1,6 +1,7 @@
-"""Erasure against a reader that is mid-page (issue 16): a subscription fetches its events a page at a
-time; once a session is erased — by this process or by another one — the subscription hands out no
-more of that session's events, not even the ones it had already fetched."""
+"""Erasure and redaction against a reader that is mid-page (issue 16, issue 26 item 12): a subscription
+fetches its events a page at a time; once a session is erased — by this process or by another one — the
+subscription hands out no more of that session's events, not even the ones it had already fetched; once
+a session is redacted (``calltape redact``), it hands out the page's remaining events as they are now."""
 
 from __future__ import annotations
 
@@ -14,22 +15,20 @@ from eventstore_support import skip_unless_atomic_across_sessions, started, text
 
 from calltape.events import Event
 from calltape.eventstore import EventStore, FeedPosition, open_store
+from calltape.eventstore.store import ChangeWaiter
 
 
-async def _erase_in_another_process(url: str, session: str) -> None:
+async def _calltape(url: str, *args: str) -> None:
     calltape = str(Path(sys.executable).with_name("calltape"))
     proc = await asyncio.create_subprocess_exec(
-        calltape,
-        "--db",
-        url,
-        "delete",
-        session,
-        "--yes",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        calltape, "--db", url, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     _, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
+
+
+async def _erase_in_another_process(url: str, session: str) -> None:
+    await _calltape(url, "delete", session, "--yes")
 
 
 async def _seed(store: EventStore, keep: str, victim: str) -> FeedPosition:
@@ -100,3 +99,80 @@ async def test_a_subscription_creates_no_file(tmp_path: Path, session_id: str) -
         assert not (tmp_path / "calls.db-erasures").exists()
         await store.erase(session_id)
         assert (tmp_path / "calls.db-erasures").exists()
+
+
+CARD = "4242 4242 4242 4242"
+
+
+@pytest.mark.parametrize("redactor", ["this process", "another process"])
+async def test_a_subscription_mid_page_hands_out_redacted_events_after_a_redact(
+    store_url: str, session_id: str, redactor: str
+) -> None:
+    from calltape.eventstore.redact_stored import redact_session
+    from calltape.redaction import Redactor
+
+    call = session_id
+    async with await open_store(store_url) as writer, await open_store(store_url) as reader:
+        start = await writer.head()
+        cards = [text(call, f"card {CARD}, item {i}.") for i in "abcdef"]
+        await writer.append([started(call), text(call, "first"), *cards, text(call, "last")])
+        feed: AsyncIterator[tuple[FeedPosition, Event]] = reader.subscribe(start, poll_interval=0.05, batch=500)
+        got: list[Event] = []
+        try:
+            while not got or got[-1].data.get("text") != "first":  # the page is fetched: all in memory
+                _, event = await asyncio.wait_for(anext(feed), 20)
+                if event.session == call:
+                    got.append(event)
+            if redactor == "this process":
+                assert (await redact_session(writer, call, Redactor(kinds=("card",)))).events == 6
+            else:
+                await _calltape(store_url, "redact", call, "--kinds", "card")
+            while got[-1].type != "session.redacted":
+                _, event = await asyncio.wait_for(anext(feed), 20)
+                if event.session == call:
+                    got.append(event)
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+    shown = [e.data.get("text") for e in got if e.type == "user.text"]
+    assert shown == ["first", *(f"card [card], item {i}." for i in "abcdef"), "last"]
+
+
+async def test_a_subscription_whose_waiter_cannot_watch_still_hands_out_every_event_once(
+    store_url: str, session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter that cannot watch (LISTEN lost, counter file unreadable) moves its count at every call:
+    the subscription then reads one event at a time, each read after the last move, and still makes
+    progress: every event once, in order."""
+    async with await open_store(store_url) as store:
+        start = await store.head()
+        await store.append([started(session_id), *texts(session_id, 20)])
+        real = store.change_waiter
+        reads: list[int] = []
+
+        def blind() -> ChangeWaiter:
+            waiter = real()
+            calls = iter(range(1, 1 << 30))
+            monkeypatch.setattr(waiter, "erasures", lambda: -next(calls))
+            return waiter
+
+        feed_rows = store.feed
+
+        async def counted(*args: object, **kw: object) -> list[tuple[FeedPosition, Event]]:
+            rows = await feed_rows(*args, **kw)  # type: ignore[arg-type]
+            reads.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(store, "change_waiter", blind)
+        monkeypatch.setattr(store, "feed", counted)
+        feed = store.subscribe(start, poll_interval=0.05, batch=500)
+        got: list[Event] = []
+        try:
+            while len(got) < 21:
+                _, event = await asyncio.wait_for(anext(feed), 20)
+                if event.session == session_id:
+                    got.append(event)
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+    assert [e.data.get("text") for e in got[1:]] == [f"t{i}" for i in range(20)]
+    assert len({e.id for e in got}) == 21
+    assert sum(reads) <= 21 + 3 * 21, reads  # a few rows read per event, never the rest of the page each

@@ -59,18 +59,114 @@ async def test_recorder_redacts_a_card_split_across_chunks(store_url: str, sessi
         await store.close()
 
 
-async def test_a_held_chunk_is_written_by_flush_and_after_hold_time(store_url: str, session_id: str) -> None:
+NUMBER_CARD = int(CARD)
+
+
+def card_as_numbers(session: str) -> list:
+    """A tool that takes and returns the card as a JSON number (issue 26 item 10)."""
+    return [
+        make_event(session, "agent.reply.started", {"reply": "r1"}),
+        make_event(
+            session, "tool.call", {"reply": "r1", "call": "c1", "name": "pay", "arguments": {"card": NUMBER_CARD}}
+        ),
+        make_event(session, "agent.reply.done", {"reply": "r1"}),
+        make_event(session, "tool.result", {"call": "c1", "output": {"charged": [NUMBER_CARD], "amount": 1200}}),
+    ]
+
+
+async def test_a_card_written_as_a_number_is_redacted_on_write(store_url: str, session_id: str) -> None:
     store = await open_store(store_url, redactor=Redactor())
+    try:
+        async with Recorder(store) as rec:
+            rec.emit(started(session_id))
+            for event in card_as_numbers(session_id):
+                rec.emit(event)
+        direct = f"{session_id}-direct"  # a plain store.append redacts too
+        await store.append([started(direct), *card_as_numbers(direct)])
+        for session in (session_id, direct):
+            assert not leaks(await raw_rows(store, session))
+            calls = {e.type: e.data for e in await store.read(session) if e.type.startswith("tool.")}
+            assert calls["tool.call"]["arguments"] == {"card": "[card]"}
+            assert calls["tool.result"]["output"] == {"charged": ["[card]"], "amount": 1200}
+            messages = render((await build_context(store, session)).native(), "openai")
+            assert not leaks(orjson.dumps(messages).decode())
+    finally:
+        await store.close()
+
+
+async def test_a_card_written_as_a_number_is_redacted_after_the_fact(store: EventStore, session_id: str) -> None:
+    await store.append([started(session_id), *card_as_numbers(session_id)])
+    assert leaks(await raw_rows(store, session_id))
+    report = await redact_session(store, session_id, Redactor(kinds=("card",)))
+    assert report.events == 2 and report.spans == {"card": 2}
+    assert not leaks(await raw_rows(store, session_id))
+    assert not leaks(orjson.dumps(render((await build_context(store, session_id)).native(), "openai")).decode())
+
+
+async def test_a_held_chunk_is_written_by_flush_and_after_hold_time(store_url: str, session_id: str) -> None:
+    store = await open_store(store_url, redactor=Redactor(hold_ms=2000))
     try:
         rec = await Recorder(store).start()
         rec.emit(started(session_id))
         rec.emit(make_event(session_id, "user.transcript", {"text": "my pin is one two three four", "final": True}))
-        await asyncio.wait_for(rec.flush(), 10)  # a flush lets held chunks out
-        assert [e.type for e in await store.read(session_id)][-1] == "user.transcript"
+        await asyncio.wait_for(rec.flush(), 10)  # a flush lets held chunks out, undecided digits masked
+        assert [e.data.get("text") for e in await store.read(session_id)][-1] == "my pin is [card]"
         rec.emit(make_event(session_id, "user.transcript", {"text": "and five six", "final": True}))
-        await asyncio.sleep(2.5)  # nobody flushes: the chunk goes out after hold_ms on its own
-        assert [e.data.get("text") for e in await store.read(session_id)][-1] == "and five six"
+        await asyncio.sleep(3.0)  # nobody flushes: the chunk goes out after hold_ms on its own
+        assert [e.data.get("text") for e in await store.read(session_id)][-1] == "and five six"  # under 4 digits
         await rec.close()
+    finally:
+        await store.close()
+
+
+async def test_a_card_read_with_a_long_pause_never_reaches_the_database_in_clear(
+    store_url: str, session_id: str
+) -> None:
+    """Issue 26 item 11: the caller pauses 2 s between the halves (the VAD ends speech in between): the
+    first half is held through the pause, then both halves are masked as one card."""
+    store = await open_store(store_url, redactor=Redactor())
+    try:
+        async with Recorder(store) as rec:
+            rec.emit(started(session_id))
+            rec.emit(make_event(session_id, "user.speech.started", {}))
+            rec.emit(make_event(session_id, "user.transcript", {"text": SPOKEN_HALVES[0], "final": True}))
+            rec.emit(make_event(session_id, "user.speech.stopped", {}))
+            await asyncio.sleep(2.0)  # longer than the 1.5 s after which the first half used to go out alone
+            assert not leaks(await raw_rows(store, session_id))
+            rec.emit(make_event(session_id, "user.speech.started", {}))
+            rec.emit(make_event(session_id, "user.transcript", {"text": SPOKEN_HALVES[1], "final": True}))
+            rec.emit(make_event(session_id, "user.speech.stopped", {}))
+            await asyncio.sleep(0.5)
+            assert not leaks(await raw_rows(store, session_id))
+            rec.emit(make_event(session_id, "agent.reply.started", {"reply": "r1"}))  # the turn is over
+            await asyncio.wait_for(rec.flush(), 10)
+        assert not leaks(await raw_rows(store, session_id))
+        log = await store.read(session_id)
+        assert [e.data["text"] for e in log if e.type == "user.transcript"] == ["my card is [card]", "[card]"]
+        assert [e.type for e in log][1:] == [
+            "user.speech.started",
+            "user.transcript",
+            "user.speech.stopped",
+            "user.speech.started",
+            "user.transcript",
+            "user.speech.stopped",
+            "agent.reply.started",
+        ]
+    finally:
+        await store.close()
+
+
+async def test_a_flush_mid_turn_writes_no_half_card_in_clear(store_url: str, session_id: str) -> None:
+    store = await open_store(store_url, redactor=Redactor())
+    try:
+        async with Recorder(store) as rec:
+            rec.emit(started(session_id))
+            rec.emit(make_event(session_id, "user.transcript", {"text": SPOKEN_HALVES[0], "final": True}))
+            await asyncio.wait_for(rec.flush(), 10)  # the turn is not over: its undecided digits are masked
+            assert not leaks(await raw_rows(store, session_id))
+            rec.emit(make_event(session_id, "user.transcript", {"text": SPOKEN_HALVES[1], "final": True}))
+            rec.emit(make_event(session_id, "agent.reply.started", {"reply": "r1"}))
+        assert not leaks(await raw_rows(store, session_id))
     finally:
         await store.close()
 

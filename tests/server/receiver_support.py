@@ -35,11 +35,23 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_receiver(code: str, port: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def running_receiver(
+    code: str, port: int, open_files: tuple[int, int] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Runs ``code`` (a Python program that serves on ``port``) until the block ends; yields its base URL.
+    ``open_files``: the process's (soft, hard) limit on open files.
 
     Waits up to a minute for /healthz: a loaded CI machine starts Python slowly."""
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def limit() -> None:
+        if open_files is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base, proc)
