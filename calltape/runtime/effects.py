@@ -139,6 +139,7 @@ async def effect(
         raise ValueError("an effect timeout must be a positive, finite number of seconds")
     if heard:
         await _heard_first(guarded, name)
+    lost: set[int] = set()  # claims this call found taken
     while True:
         host = guarded.host
         state = EffectLog.of(await host.effect_events()).get(name, key)
@@ -160,12 +161,15 @@ async def effect(
             _report(host, "effect_not_run", guarded, name)
             raise EffectNotRun(name, guarded.reply)
         claim = state.failures if state is not None else 0
+        if claim in lost:  # taken, yet the log says it may run: a log not written by this API
+            raise EffectUnknown(name, "its record in the log is inconsistent (a run claimed but not settled)")
         token = new_event_id()
         data: dict[str, Any] = {"call": guarded.call_id, "name": name, "key": key, "phase": "started", "claim": token}
         if heard:
             data["heard"] = True
         stored = await host.emit_durable("tool.effect", data, id=effect_event_id(name, key, claim, "started"))
         if stored.data.get("claim") != token:
+            lost.add(claim)
             continue  # another writer claimed this run first: read what it did
         return await _run(host, guarded, name, key, claim, action, timeout)
 
