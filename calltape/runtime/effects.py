@@ -55,7 +55,9 @@ DEFAULT_EFFECT_TIMEOUT = 10.0
 """Seconds an action may take before its outcome is recorded as ``unknown``."""
 
 POLL_SECONDS = 0.05
-"""How often a call waiting for another run of the same effect re-reads the log."""
+"""How soon a call waiting for another run of the same effect first re-reads the log (then less often,
+up to :data:`MAX_POLL_SECONDS`: each read is of the whole session)."""
+MAX_POLL_SECONDS = 0.5
 
 EffectAction = Callable[[], Awaitable[Any]]
 """The real-world action: a coroutine function taking no argument (a lambda or ``functools.partial``)."""
@@ -140,6 +142,7 @@ async def effect(
     if heard:
         await _heard_first(guarded, name)
     lost: set[int] = set()  # claims this call found taken
+    poll = POLL_SECONDS
     while True:
         host = guarded.host
         state = EffectLog.of(await host.effect_events()).get(name, key)
@@ -155,7 +158,8 @@ async def effect(
             await record_verdict(host, state, guarded.call_id, verdict)
             continue
         if phase == "started":
-            await asyncio.sleep(POLL_SECONDS)  # another call runs it now: its outcome answers this one
+            await asyncio.sleep(poll)  # another call runs it now: its outcome answers this one
+            poll = min(poll * 2, MAX_POLL_SECONDS)
             continue
         if heard and host.reply_interrupted(guarded.reply):  # a barge-in while the log was read
             _report(host, "effect_not_run", guarded, name)
