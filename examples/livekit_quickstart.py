@@ -17,6 +17,7 @@ from typing import Any
 
 from livekit.agents import Agent, AgentSession, RunContext, function_tool
 
+import calltape
 from calltape.adapters.livekit import attach, guarded, rehydrate
 from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
@@ -32,8 +33,13 @@ class Concierge(Agent):
     @guarded  # runs under calltape: durable start, 10 s timeout, never twice for one call id
     async def book(self, ctx: RunContext[Any], when: str) -> str:
         """Books a table."""
-        await asyncio.sleep(0.5)
-        return f"table booked for {when}"
+
+        async def reserve() -> str:  # the restaurant's system: a real-world action
+            await asyncio.sleep(0.5)
+            return f"table booked for {when}"
+
+        # an effect named by the booking: run once, whatever call id the LLM asks under again
+        return str(await calltape.effect("book_table", when, reserve))
 
 
 async def main() -> None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 from websockets.asyncio.client import connect
 
+import calltape
 from calltape.adapters.retell import RetellTurn
 from calltape.eventstore import open_store
 from calltape.projections import build_context, render
@@ -33,7 +34,10 @@ async def book(slot: str) -> dict[str, str]:
 async def respond(turn: RetellTurn) -> AsyncIterator[str]:
     """Your LLM (scripted here). ``turn.context()`` is what the user heard, with every tool result."""
     yield "Sure, booking 3pm. "
-    outcome = await turn.run_tool("book", {"slot": "15:00"}, lambda: book("15:00"))
+    # the booking is a real-world action: an effect named by its slot, run once whatever call id asks
+    outcome = await turn.run_tool(
+        "book", {"slot": "15:00"}, lambda: calltape.effect("book", "15:00", lambda: book("15:00"))
+    )
     yield f"Done: booked {outcome.output['booked']}."
 
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from livekit.agents import Agent, AgentSession, RunContext
 
-from calltape import CallSession
-from calltape.adapters.livekit import function_tool, wait_for_playout
+import calltape
+from calltape import CallSession, Event
+from calltape.adapters.livekit import function_tool
 from calltape.testing.explore import Run, explore
 from calltape.testing.livekit import Call, LiveKitCaller, Say, ScriptedLLM, ScriptedSTT, ScriptedTTS, speaking_caller
 
@@ -33,6 +34,10 @@ class Clinic:
 
     def __init__(self) -> None:
         self.cancelled: list[str] = []
+
+    async def cancel(self, appointment: str) -> str:
+        self.cancelled.append(appointment)
+        return "cancelled"
 
 
 class ClinicAgent(Agent):
@@ -47,11 +52,10 @@ class ClinicAgent(Agent):
     @function_tool
     async def cancel_appointment(self, ctx: RunContext[Any], appointment: str) -> str:
         """Cancels an appointment after telling the caller which one."""
-        # LiveKit's ctx.wait_for_playout() returns as if the announcement played even when the caller
-        # cut it off; calltape's raises Interrupted then, so nothing is cancelled unheard.
-        await wait_for_playout(ctx)
-        self.clinic.cancelled.append(appointment)
-        return "cancelled"
+        # The action is an effect named by the appointment: run once, and only once the reply that
+        # announced it has played to its end (LiveKit's ctx.wait_for_playout() returns as if it had even
+        # when the caller cut it off). If the caller barges in first, it is not run.
+        return str(await calltape.effect("cancel", appointment, lambda: self.clinic.cancel(appointment), heard=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,11 +83,26 @@ async def one_call(call: CallSession) -> None:
         await caller.settled()
 
 
-def nothing_cancelled_unheard(run: Run) -> None:
-    """Your own checks of each run: an appointment is cancelled only once the caller heard which."""
-    heard_all = any(e.type == "agent.speech.ended" and not e.data.get("interrupted") for e in run.events)
-    if not heard_all:
-        assert not CLINICS[run.events[0].session].cancelled, "cancelled an appointment the caller did not hear"
+def reply_of(run: Run, call_id: str) -> str | None:
+    """The reply that carried a tool call (the announcement the caller must hear)."""
+    return next((e.data.get("reply") for e in run.events if e.type == "tool.call" and e.data["call"] == call_id), None)
+
+
+def played_out(events: list[Event], reply: str | None) -> bool:
+    """Whether the reply played to its end, uninterrupted."""
+    return any(
+        e.type == "agent.speech.ended" and e.data["reply"] == reply and not e.data["interrupted"] for e in events
+    )
+
+
+def cancelled_once_and_only_when_heard(run: Run) -> None:
+    """Your own checks of each run, per reply: the clinic cancelled at most once, and only when the
+    reply announcing the cancellation played to its end."""
+    cancelled = CLINICS[run.events[0].session].cancelled
+    assert len(cancelled) <= 1, f"cancelled {len(cancelled)} times"
+    if cancelled:
+        announcing = reply_of(run, "c1")
+        assert played_out(run.events, announcing), f"cancelled although reply {announcing} was cut off"
 
 
 @pytest.mark.asyncio
@@ -91,7 +110,7 @@ async def test_every_barge_in_instant() -> None:
     CLINICS.clear()
     exploration = await explore(
         one_call,
-        assertions=nothing_cancelled_unheard,
+        assertions=cancelled_once_and_only_when_heard,
         concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
         virtual_time=True,  # LiveKit's timers (playout, endpointing) run on a virtual clock: seconds, not minutes
     )

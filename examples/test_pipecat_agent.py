@@ -10,6 +10,12 @@ barging in exactly there, and once per tool call with the call dropped and resum
 (a new pipeline, built by ``build_worker`` on the resumed call's context, carries the call on), and
 checks every run: the ``calltape check`` rules, the context invariants,
 and the assertion below. A failure names the instant and prints the call's timeline.
+
+The refill is a real-world action, so the handler runs it through ``calltape.effect``, keyed by the
+prescription and heard first: run once, whatever call id the LLM asks under after a barge-in or a
+resume, and only once the caller has heard "Refilling that for you now" to its end. The
+``double-effect``, ``unheard-effect`` and ``unsettled-effect`` rules check that on every run by
+themselves; the assertion below checks the pharmacy's own side, reply by reply.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pipecat.transports.base_transport import BaseTransport
 from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
+import calltape
 from calltape import CallSession
 from calltape.adapters.pipecat import register_function
 from calltape.checks import CheckOptions
@@ -60,10 +67,15 @@ def build_worker(
     """A pharmacy line: refills a prescription, then says goodbye and hangs up (``context``: a resumed
     call's, else a new call's)."""
 
-    async def refill_prescription(params: FunctionCallParams) -> None:
+    async def refill(rx: str) -> dict[str, str]:
         await asyncio.sleep(0.2)  # the pharmacy's API
-        REFILLS.setdefault(call.session_id, []).append(params.arguments["rx"])
-        await params.result_callback({"ready": "tomorrow"})
+        REFILLS.setdefault(call.session_id, []).append(rx)
+        return {"ready": "tomorrow"}
+
+    async def refill_prescription(params: FunctionCallParams) -> None:
+        rx = params.arguments["rx"]
+        # the action, once per prescription, after the caller heard the announcement to its end
+        await params.result_callback(await calltape.effect("refill", rx, lambda: refill(rx), heard=True))
 
     async def end_call(params: FunctionCallParams) -> None:
         await params.result_callback({"ended": True})
@@ -112,10 +124,18 @@ async def one_call(call: CallSession) -> None:
         await caller.settled()
 
 
-def refilled_at_most_once(run: Run) -> None:
-    """Your own checks of each run: here, a barge-in never makes the pharmacy refill twice."""
+def refilled_once_and_only_when_heard(run: Run) -> None:
+    """Your own checks of each run, per reply: the pharmacy refilled at most once, and only when the
+    reply that asked for the refill had played to its end."""
     refills = REFILLS.get(run.events[0].session, [])
     assert len(refills) <= 1, f"refilled {len(refills)} times"
+    if refills:
+        asking = next(e.data.get("reply") for e in run.events if e.type == "tool.call" and e.data["call"] == "c1")
+        heard = any(
+            e.type == "agent.speech.ended" and e.data["reply"] == asking and not e.data["interrupted"]
+            for e in run.events
+        )
+        assert heard, f"refilled although reply {asking} was cut off"
 
 
 @pytest.mark.asyncio
@@ -123,7 +143,7 @@ async def test_every_barge_in_instant() -> None:
     REFILLS.clear()
     exploration = await explore(
         one_call,
-        assertions=refilled_at_most_once,
+        assertions=refilled_once_and_only_when_heard,
         options=CheckOptions(talk_over_ms=2000),  # wall-clock thresholds, on a busy CI machine
         concurrency=8,  # runs at a time: on a small CI machine, fewer keep latencies realistic
     )

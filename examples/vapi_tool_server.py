@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+import calltape
 from calltape.adapters.vapi import VapiIngest, run_tool_calls
 from calltape.eventstore import open_store
 from calltape.eventstore.recorder import Recorder
@@ -27,9 +28,14 @@ BOOKINGS: list[dict[str, object]] = []
 
 
 async def book_table(people: int, time: str) -> dict[str, object]:
-    """Your tool: a side effect that must happen once."""
-    BOOKINGS.append({"people": people, "time": time})
-    return {"confirmed": True, "people": people, "time": time}
+    """Your tool: a side effect that must happen once, whatever call id Vapi asks under (an effect,
+    named by the booking itself: run once per time and party, its recorded output answers again)."""
+
+    async def book() -> dict[str, object]:
+        BOOKINGS.append({"people": people, "time": time})
+        return {"confirmed": True, "people": people, "time": time}
+
+    return dict(await calltape.effect("book_table", f"{time}/{people}", book))
 
 
 def make_app(store, recorder):  # type: ignore[no-untyped-def]

@@ -55,7 +55,9 @@ DEFAULT_EFFECT_TIMEOUT = 10.0
 """Seconds an action may take before its outcome is recorded as ``unknown``."""
 
 POLL_SECONDS = 0.05
-"""How often a call waiting for another run of the same effect re-reads the log."""
+"""How soon a call waiting for another run of the same effect first re-reads the log (then less often,
+up to :data:`MAX_POLL_SECONDS`: each read is of the whole session)."""
+MAX_POLL_SECONDS = 0.5
 
 EffectAction = Callable[[], Awaitable[Any]]
 """The real-world action: a coroutine function taking no argument (a lambda or ``functools.partial``)."""
@@ -139,6 +141,8 @@ async def effect(
         raise ValueError("an effect timeout must be a positive, finite number of seconds")
     if heard:
         await _heard_first(guarded, name)
+    lost: set[int] = set()  # claims this call found taken
+    poll = POLL_SECONDS
     while True:
         host = guarded.host
         state = EffectLog.of(await host.effect_events()).get(name, key)
@@ -154,18 +158,22 @@ async def effect(
             await record_verdict(host, state, guarded.call_id, verdict)
             continue
         if phase == "started":
-            await asyncio.sleep(POLL_SECONDS)  # another call runs it now: its outcome answers this one
+            await asyncio.sleep(poll)  # another call runs it now: its outcome answers this one
+            poll = min(poll * 2, MAX_POLL_SECONDS)
             continue
         if heard and host.reply_interrupted(guarded.reply):  # a barge-in while the log was read
             _report(host, "effect_not_run", guarded, name)
             raise EffectNotRun(name, guarded.reply)
         claim = state.failures if state is not None else 0
+        if claim in lost:  # taken, yet the log says it may run: a log not written by this API
+            raise EffectUnknown(name, "its record in the log is inconsistent (a run claimed but not settled)")
         token = new_event_id()
         data: dict[str, Any] = {"call": guarded.call_id, "name": name, "key": key, "phase": "started", "claim": token}
         if heard:
             data["heard"] = True
         stored = await host.emit_durable("tool.effect", data, id=effect_event_id(name, key, claim, "started"))
         if stored.data.get("claim") != token:
+            lost.add(claim)
             continue  # another writer claimed this run first: read what it did
         return await _run(host, guarded, name, key, claim, action, timeout)
 

@@ -1,5 +1,6 @@
 """A call with everything the picture draws: VAD, interims, a barge-in with a late result and late
-tokens, a reply cut before it was heard, a call excluded from the context, a handoff, a drop, a resume."""
+tokens, a reply cut before it was heard, a call excluded from the context, a handoff, an effect cut by the drop
+(settled unknown), a drop, a resume."""
 
 from __future__ import annotations
 
@@ -43,10 +44,12 @@ SCRIPT: list[tuple[int, str, dict[str, Any]]] = [
     (4300, "tool.call", {"reply": "r3", "call": "c4", "name": "pairing", "arguments": {"dish": "fish"}}),
     (4350, "agent.reply.done", {"reply": "r3"}),
     (4400, "tool.started", {"call": "c4"}),
+    (4450, "tool.effect", {"call": "c4", "name": "reserve", "key": "fish-pairing", "phase": "started"}),
     (4500, "agent.speech.started", {"reply": "r3"}),
     (4900, "agent.speech.ended", {"reply": "r3", "interrupted": False}),
     (5000, "session.dropped", {"reason": "network"}),
     (5200, "tool.cancelled", {"call": "c4", "reason": "dropped", "outcome": "unknown"}),
+    (5250, "tool.effect", {"call": "c4", "name": "reserve", "key": "fish-pairing", "phase": "unknown"}),
     (5300, "session.resumed", {"agent": "sommelier-2", "epoch": 2, "from_seq": 31}),
     (5600, "user.text", {"text": "thanks"}),
     (6000, "session.ended", {"reason": "done"}),
