@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 from elevenlabs import conversational_ai
 from elevenlabs.client import ElevenLabs
@@ -20,7 +21,10 @@ from websockets.asyncio.server import ServerConnection, serve
 import calltape
 from calltape.adapters.elevenlabs_live import tap_elevenlabs
 from calltape.adapters.reconstruct import is_reconstructed
+from calltape.adapters.webhook_auth import sign_elevenlabs as sign
+from calltape.server.app import create_app
 from tests.adapters.hosted_support import tool_json
+from tests.adapters.postcall_payloads import elevenlabs_webhook
 
 # The SDK's oldest supported release (2.0, run in CI) has only the threaded Conversation.
 SDK = conversational_ai.conversation
@@ -28,6 +32,7 @@ needs_async = pytest.mark.skipif(
     not hasattr(SDK, "AsyncConversation"), reason="this elevenlabs has no AsyncConversation"
 )
 
+SECRET = "wsec_elevenlabs_test_secret"
 Step = dict[str, Any] | str  # a server message, or "await-tool-result <id>"
 
 BOOKED = "Booked for two, your code is BK-42. Anything else?"
@@ -211,6 +216,14 @@ async def test_async_conversation(store_url: str, server: Any) -> None:
         assert fake.results() == [
             {"type": "client_tool_result", "tool_call_id": "tc_1", "result": {"code": "BK-42"}, "is_error": False}
         ]
+        # the post-call webhook of the same conversation: recognised as recorded live, it adds nothing
+        before = await ct.store.read("conv_async")
+        body = json.dumps(elevenlabs_webhook("conv_async")).encode()
+        app = create_app(ct.store, metrics=False, elevenlabs_secret=SECRET)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://receiver") as http:
+            sent = await http.post("/elevenlabs", content=body, headers={"ElevenLabs-Signature": sign(body, SECRET)})
+        assert sent.status_code == 200 and sent.json() == {"appended": 0}, sent.text
+        assert await ct.store.read("conv_async") == before
 
 
 async def test_sync_conversation_on_its_threads(store_url: str, server: Any) -> None:
