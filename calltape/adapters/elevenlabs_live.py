@@ -155,7 +155,8 @@ class ElevenLabsTap:
         asynchronous = inspect.iscoroutinefunction(conversation._handle_message)
 
         def reason_of(args: tuple[Any, ...]) -> str:
-            return str(getattr(args[0], "reason", "") or "agent") if args else "agent"
+            # DisconnectionDetails.reason (user, agent, error); callback_end_session says nothing
+            return str(getattr(args[0], "reason", "") or "ended") if args else "ended"
 
         if asynchronous:
 
@@ -272,10 +273,12 @@ class ElevenLabsTap:
         if rid is None or st is None or (st.speech_ended and not st.interrupted):
             return  # unknown, or already heard in full: nothing to correct
         replies.done(rid)
-        if not st.interrupted:
-            replies.interrupt(rid, cause="user_speech", heard=corrected)
         if self._voice and st.speech_started:
+            if not st.interrupted:
+                replies.interrupt(rid, cause="user_speech", heard=corrected)
             replies.speech_ended(rid, interrupted=True, heard=corrected)
+        else:  # nothing played: the interruption itself carries the heard text (late: the fold still takes it)
+            replies.emit("interruption", {"reply": rid, "cause": "user_speech", "heard": corrected})
 
     def _run(
         self,

@@ -33,7 +33,7 @@ needs_async = pytest.mark.skipif(
 )
 
 SECRET = "wsec_elevenlabs_test_secret"
-Step = dict[str, Any] | str  # a server message, or "await-tool-result <id>"
+Step = dict[str, Any] | str  # a server message, "await-tool-result <id>", or "close <code>"
 
 BOOKED = "Booked for two, your code is BK-42. Anything else?"
 HEARD = "Booked for two, your code is"
@@ -93,6 +93,9 @@ class FakeServer:
     async def handler(self, ws: ServerConnection) -> None:
         self.received.append(json.loads(await ws.recv()))  # conversation_initiation_client_data
         for step in self.script:
+            if step.startswith("close ") if isinstance(step, str) else False:
+                await ws.close(code=int(step.split()[1]))
+                return
             if isinstance(step, str):
                 wanted = step.split()[1]
                 while True:
@@ -291,3 +294,15 @@ async def test_a_call_of_a_cut_reply_never_runs_and_a_repeat_runs_once(store_url
         assert results == {("tc_1", '"BK-42"'), ("tc_2", '{"status": "cancelled", "reason": "interrupted"}')}
         state = (await ct.context("conv_guard")).tool_call("tc_2")
         assert state is not None and state.status == "cancelled" and not state.started
+
+
+@needs_async
+async def test_a_lost_connection_leaves_the_session_dropped(store_url: str, server: Any) -> None:
+    """A connection error (not a normal close) records ``session.dropped``: the call can be resumed."""
+    script: list[Step] = [opening("conv_lost"), SCRIPT[0], SCRIPT[1], "close 1011"]
+    _, base = await server(script)
+    async with calltape.connect(store_url) as ct:
+        assert await converse(ct, base, ClientTools()) == "conv_lost"
+        events = await ct.store.read("conv_lost")
+        assert [e.type for e in events][-2:] == ["agent.speech.ended", "session.dropped"]
+        assert (await ct.store.session_info("conv_lost")).status == "dropped"  # type: ignore[union-attr]
