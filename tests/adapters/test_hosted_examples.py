@@ -17,12 +17,13 @@ EXAMPLES = {
     "vapi_tool_server.py": "bookings made: 1",
     "retell_custom_llm.py": "bookings made: 1",
     "bland_post_call.py": "(reconstructed: True)",
+    "elevenlabs_live.py": "'content': 'Booked for two, your code'}",  # the heard part of the cut reply
 }
 TIMEOUT = 60
 
 
 def test_every_hosted_example_is_listed() -> None:
-    platforms = {"realtime", "vapi", "retell", "bland"}
+    platforms = {"realtime", "vapi", "retell", "bland", "elevenlabs"}
     hosted = {p.name for p in (ROOT / "examples").glob("*.py") if p.name.split("_")[0] in platforms}
     assert hosted == set(EXAMPLES)
 

@@ -28,6 +28,15 @@ def test_the_hosted_page_blocks_run_and_show_what_they_say(tmp_path: Path) -> No
     assert '{"status":"unknown"}' in resumed.stdout, resumed.stdout
 
 
+def test_the_live_elevenlabs_attach_is_the_examples() -> None:
+    """The page's three-line live attach (a fragment, so not run by itself) is what the example runs."""
+    (fragment,) = [m.group(2) for m in FENCE.finditer(PAGE.read_text()) if m.group(1) == "py"]
+    example = PAGE.parents[1] / "examples" / "elevenlabs_live.py"
+    code = {line.split("  #")[0].strip() for line in example.read_text().splitlines()}
+    lines = fragment.strip().splitlines()
+    assert len(lines) <= 3 and all(line.split("  #")[0].strip() in code for line in lines), lines
+
+
 def test_every_platform_attaches_in_at_most_three_lines() -> None:
     text = PAGE.read_text()
     shells = [m.group(2) for m in FENCE.finditer(text) if m.group(1) == "sh"]
