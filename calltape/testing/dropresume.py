@@ -21,11 +21,12 @@ What a drop run does, deterministically whatever the machine's speed:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from calltape.errors import Interrupted, StoreUnavailable
+from calltape.errors import CalltapeError, Interrupted, StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
@@ -183,7 +184,8 @@ class DropHook(CallInterceptor):
         except BaseException as exc:  # reported as the run's problem; the scenario must not hang
             self.error = exc
             self._holding = False
-            call.release()
+            with contextlib.suppress(CalltapeError):  # what was held goes on if it can; the error stands
+                call.release()
         finally:
             self._resumed.set()
 
