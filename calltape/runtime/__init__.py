@@ -7,7 +7,7 @@ from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
 from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
-from calltape.runtime.session import CallSession
+from calltape.runtime.session import CallInterceptor, CallSession, EventListener, Verdict
 from calltape.runtime.stats import merge_stats, session_stats
 from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
 
@@ -15,10 +15,12 @@ __all__ = [
     "DEFAULT_EFFECT_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "AlreadyResumed",
+    "CallInterceptor",
     "CallSession",
     "EffectNotRun",
     "EffectReconcile",
     "EffectUnknown",
+    "EventListener",
     "EventSink",
     "FoldedSink",
     "Interrupted",
@@ -34,6 +36,7 @@ __all__ = [
     "ToolHost",
     "ToolOutcome",
     "ToolSpec",
+    "Verdict",
     "canonical_arguments",
     "effect",
     "follow_latencies",

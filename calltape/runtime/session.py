@@ -11,10 +11,12 @@ the context the agent gets now is the context the log will rebuild later. A writ
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
@@ -29,6 +31,35 @@ from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 from calltape.runtime.waits import PlayoutWaiters
 
 log = logging.getLogger(__name__)
+
+EventListener = Callable[[Event], None]
+"""Told of each event once it is folded into the live context (:meth:`CallSession.add_listener`)."""
+
+
+class Verdict(enum.Enum):
+    """What a :class:`CallInterceptor` does with an event the call is about to append."""
+
+    RECORD = "record"
+    """To the log as usual."""
+    HOLD = "hold"
+    """Folded now (the live context and the listeners go on), appended on :meth:`CallSession.release`."""
+    DISCARD = "discard"
+    """Neither folded nor appended: as if the process that wrote it had lost its connection."""
+
+
+class CallInterceptor:
+    """Stands between a live call and its log, to simulate what a real call meets (a dropped
+    connection, a lost write) without patching the session: subclass it, override what you need and
+    install it with :meth:`CallSession.intercept`. The defaults change nothing."""
+
+    def intercept(self, event: Event) -> Verdict:
+        """Decides what happens to ``event`` (built, not yet folded or appended)."""
+        return Verdict.RECORD
+
+    async def around_tool(self, call_id: str, name: str, run: Callable[[], Awaitable[ToolOutcome]]) -> ToolOutcome:
+        """Wraps one :meth:`CallSession.run_tool`: ``run()`` asks the call's current tool runner
+        (it may be awaited again, e.g. on the resumed call after a drop)."""
+        return await run()
 
 
 class CallSession:
@@ -64,6 +95,18 @@ class CallSession:
         self._refold_task: asyncio.Task[None] | None = None
         self._refold_again = False
         self._journal: list[Event] | None = None  # what is folded while a refold reads the log
+        self._interceptor: CallInterceptor | None = None
+        self._held: list[tuple[Event, asyncio.Future[tuple[Event, Awaitable[Event]]] | None]] = []
+        self._listeners: list[tuple[EventListener, frozenset[str] | None]] = []
+        # event type -> its listeners, in the order they were added; other types get _any
+        self._by_type: dict[str, tuple[EventListener, ...]] = {}
+        self._any: tuple[EventListener, ...] = ()
+        # The runtime's own reactions are listeners like any other, added first.
+        self.add_listener(self._on_interruption, "interruption")
+        self.add_listener(self._on_speech_ended, "agent.speech.ended")
+        self.add_listener(self._on_reply_done, "agent.reply.done")
+        self.add_listener(self._on_handoff, "agent.handoff")
+        self.add_listener(self._on_call_over, "session.ended", "session.dropped")
         # The recorder holds the call only weakly: a call that is gone stops being told.
         method = weakref.WeakMethod(self._on_refused)
 
@@ -153,6 +196,8 @@ class CallSession:
         )
         if id is not None and self.fold.knows(id):
             return event
+        if self._interceptor is not None and self._set_aside(event, None) is not Verdict.RECORD:
+            return event
         self.recorder.emit(event)  # raises (RecorderFull, RecorderClosed) before anything is folded
         self._fold(event)
         return event
@@ -168,10 +213,22 @@ class CallSession:
         """Records one event and returns once it has committed (after everything emitted before it).
 
         If the store refuses it (:class:`~calltape.errors.FencedWrite` after a resume elsewhere, an
-        erased session…), the error is raised once the live context no longer holds the event."""
+        erased session…), the error is raised once the live context no longer holds the event.
+        An event an interceptor holds commits (and this returns) after :meth:`release`."""
         event = self._make(event_type, data, at_ms, id)
+        if self._interceptor is not None:
+            waiter: asyncio.Future[tuple[Event, Awaitable[Event]]] = asyncio.get_running_loop().create_future()
+            verdict = self._set_aside(event, waiter)
+            if verdict is Verdict.HOLD:
+                event, committed = await waiter
+                return await self._committed(event, committed)
+            if verdict is Verdict.DISCARD:
+                return event
         committed = self.recorder.submit(event)  # queued now: folded in the log's order
         self._fold(event)
+        return await self._committed(event, committed)
+
+    async def _committed(self, event: Event, committed: Awaitable[Event]) -> Event:
         try:
             # settle: a virtual-clock test loop (LiveKit's) must not jump ahead while the commit is made
             return await settle(committed)
@@ -188,40 +245,143 @@ class CallSession:
         journal = self._journal
         if journal is not None:
             journal.append(event)
-        kind = event.type
-        if kind == "interruption":
-            self.playout.interrupt(event.data.get("reply"), event.data.get("cause"))
+        for listener in self._by_type.get(event.type, self._any):
+            try:
+                listener(event)
+            except Exception as exc:  # a listener must not fail the write it was told of
+                log.error(
+                    "calltape: a listener of session %s failed on %s (%s)",
+                    self.session_id,
+                    event.type,
+                    type(exc).__name__,
+                )
+
+    # -- the runtime's own reactions (listeners) ---------------------------------------------
+
+    def _on_interruption(self, event: Event) -> None:
+        self.playout.interrupt(event.data.get("reply"), event.data.get("cause"))
+        self.runner.on_interruption()
+
+    def _on_speech_ended(self, event: Event) -> None:
+        reply = event.data["reply"]
+        if event.data.get("interrupted"):
+            self.playout.interrupt(reply, "playout cut")
             self.runner.on_interruption()
-        elif kind == "agent.speech.ended":
-            reply = event.data["reply"]
-            if event.data.get("interrupted"):
-                self.playout.interrupt(reply, "playout cut")
-                self.runner.on_interruption()
-            else:
+        else:
+            self.playout.finish(reply)
+
+    def _on_reply_done(self, event: Event) -> None:
+        # A reply with nothing to play (text session, or only tool calls) is over once generated.
+        reply = event.data["reply"]
+        if self.playout.has(reply):
+            state = self.fold.reply_state(reply)
+            if state is not None and not (state.generating or state.awaiting_playout or state.interrupted):
                 self.playout.finish(reply)
-        elif kind == "agent.reply.done":
-            # A reply with nothing to play (text session, or only tool calls) is over once generated.
-            reply = event.data["reply"]
-            if self.playout.has(reply):
-                state = self.fold.reply_state(reply)
-                if state is not None and not (state.generating or state.awaiting_playout or state.interrupted):
-                    self.playout.finish(reply)
-        elif kind == "agent.handoff":
-            self.writer_agent = event.data["to"]
-        elif kind in ("session.ended", "session.dropped"):
-            self.playout.interrupt(None, kind)
+
+    def _on_handoff(self, event: Event) -> None:
+        self.writer_agent = event.data["to"]
+
+    def _on_call_over(self, event: Event) -> None:
+        self.playout.interrupt(None, event.type)
 
     def report(self, recovery: Recovery) -> None:
         """Reports a recovery to the sinks and records it in the session's log (``x.recovery``)."""
         self.bus.report(recovery)
         try:
             event = self._make(RECOVERY_EVENT_TYPE, recovery.as_data(), None, None)
+            if self._interceptor is not None and self._set_aside(event, None) is not Verdict.RECORD:
+                return
             self.recorder.emit(event)
         except CalltapeError:
             return  # a full or closed recorder: the sinks have it; the call must go on
         # Folded like every other event it writes (the fold skips x. types but counts them), so the
         # live context's seq / last_clean_seq stay those of the log.
         self._fold(event)
+
+    # -- the hook: listeners and an interceptor ------------------------------------------------
+
+    def add_listener(self, listener: EventListener, *types: str) -> None:
+        """Tells ``listener`` of each event (of ``types``, or every event) once it is folded into the
+        live context: in the log's order, on the writer's own thread, before ``emit`` returns. It must
+        not block (the voice loop waits); an exception it raises is logged, never the writer's.
+
+        This is how the runtime reacts to its own events (playout waiters, the tool runner, the
+        writer's agent), and how a harness follows a call without patching it."""
+        self._listeners.append((listener, frozenset(types) if types else None))
+        self._dispatch()
+
+    def remove_listener(self, listener: EventListener) -> None:
+        """Stops telling ``listener`` (every registration of it); ValueError if it was never added."""
+        kept = [entry for entry in self._listeners if entry[0] != listener]
+        if len(kept) == len(self._listeners):
+            raise ValueError("not a listener of this call")
+        self._listeners = kept
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        # Built once per change, so emit does one dict lookup and no filtering.
+        entries = self._listeners
+        types = {kind for _, kinds in entries if kinds for kind in kinds}
+        self._by_type = {kind: tuple(fn for fn, kinds in entries if kinds is None or kind in kinds) for kind in types}
+        self._any = tuple(fn for fn, kinds in entries if kinds is None)
+
+    def intercept(self, interceptor: CallInterceptor | None) -> None:
+        """Installs ``interceptor`` (one at a time: ValueError if another one is installed), or with
+        None removes it after releasing what it held. Every event the call writes (``emit``,
+        ``emit_durable``, recoveries) is put to it before it is folded or appended, and every
+        :meth:`run_tool` goes through its :meth:`~CallInterceptor.around_tool`."""
+        if interceptor is None:
+            self.release()
+        elif self._interceptor is not None and self._interceptor is not interceptor:
+            raise ValueError("the call already has an interceptor")
+        self._interceptor = interceptor
+
+    def _set_aside(self, event: Event, waiter: asyncio.Future[tuple[Event, Awaitable[Event]]] | None) -> Verdict:
+        assert self._interceptor is not None
+        verdict = self._interceptor.intercept(event)
+        if verdict is Verdict.HOLD:
+            self._held.append((event, waiter))
+            self._fold(event)  # the live context goes on; the log gets it on release
+        return verdict
+
+    @property
+    def held(self) -> int:
+        """How many events an interceptor holds back (:data:`Verdict.HOLD`) until :meth:`release`."""
+        return len(self._held)
+
+    def release(self) -> int:
+        """Appends the held events in the order they were written, at the writer's current epoch
+        (after :meth:`reattach`, the resumed one); returns how many. A durable write among them
+        returns once it has committed."""
+        held, self._held = self._held, []
+        epoch = self._epoch
+        for event, waiter in held:
+            if event.epoch != epoch:
+                event = replace(event, epoch=epoch)
+            if waiter is None:
+                self.recorder.emit(event)
+                continue
+            try:
+                waiter.set_result((event, self.recorder.submit(event)))
+            except CalltapeError as exc:
+                waiter.set_exception(exc)
+        return len(held)
+
+    async def reattach(self) -> None:
+        """Makes this call object the writer of the session's current epoch after a resume elsewhere
+        (:func:`calltape.runtime.resume`) moved the log on, for whoever holds on to the object across
+        a simulated drop: the live context is rebuilt from the log (plus what is held), the playout
+        waiters and the tool runner start afresh (the old ones stay with the lost writer)."""
+        await self.recorder.flush()
+        await self._refolded()
+        fold = await build_context(self.recorder.store, self.session_id)
+        for event, _ in self._held:
+            fold.apply(event)
+        self.fold = fold
+        self._epoch = fold.epoch
+        self.writer_agent = fold.agent
+        self.playout = PlayoutWaiters()
+        self.runner = ToolRunner(self)
 
     # -- refused writes ---------------------------------------------------------------------
 
@@ -297,7 +457,11 @@ class CallSession:
         spec: ToolSpec | None = None,
     ) -> ToolOutcome:
         """Runs a tool call under the log's protection (SPEC section 3)."""
-        return await self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+        if self._interceptor is None:
+            return await self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+        return await self._interceptor.around_tool(
+            call_id, name, lambda: self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+        )
 
     def interrupt(self, reply: str | None = None, *, cause: str = "user_speech", heard: str | None = None) -> Event:
         """Barge-in: records ``interruption`` and releases every playout waiter at once."""

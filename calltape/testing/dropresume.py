@@ -21,19 +21,17 @@ What a drop run does, deterministically whatever the machine's speed:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from calltape.errors import Interrupted, StoreUnavailable
+from calltape.errors import CalltapeError, Interrupted, StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
-from calltape.projections import ToolCallState, build_context
-from calltape.runtime import CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, resume
-from calltape.runtime.tools import ToolRunner
-from calltape.runtime.toolspec import ToolBody
-from calltape.runtime.waits import PlayoutWaiters
+from calltape.projections import ToolCallState
+from calltape.runtime import CallInterceptor, CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, Verdict, resume
 
 __all__ = ["DropCarrier", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
 
@@ -78,14 +76,14 @@ class _Severed:
 
     def __init__(self, call: CallSession) -> None:
         self.fold = call.fold
-        self._make = call._make
         self.tools: Mapping[str, ToolSpec] = call.tools
         self.session_id = call.session_id
+        self._agent, self._epoch = call.writer_agent, call.epoch
 
     def emit(
         self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
-        event = self._make(event_type, data, at_ms, id)
+        event = make_event(self.session_id, event_type, data, id=id, agent=self._agent, epoch=self._epoch, at_ms=at_ms)
         self.fold.apply(event)
         return event
 
@@ -113,8 +111,11 @@ class _Severed:
         raise StoreUnavailable("the call was lost: its writer cannot reach the log")
 
 
-class DropHook:
-    """Drops ``call`` while the tool call ``call_id`` runs, resumes it, and carries the scenario on."""
+class DropHook(CallInterceptor):
+    """Drops ``call`` while the tool call ``call_id`` runs, resumes it, and carries the scenario on.
+
+    It uses the call's public hook only: a listener follows the events, and as the call's
+    interceptor it holds back what the scenario writes while the call is lost."""
 
     def __init__(self, call: CallSession, store: EventStore, recorder: Recorder, call_id: str, agent: str) -> None:
         self.call, self.store, self.recorder = call, store, recorder
@@ -126,32 +127,26 @@ class DropHook:
         self._count = 1  # session.started
         self._holding = False
         self._lost = False  # the dropped call's own outcome events are lost until it starts again
-        self._held: list[Event] = []
         self._ended = False
         self._resumed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._carrier: DropCarrier | None = None
-        folded = call._fold
+        call.add_listener(self._folded)
+        call.intercept(self)
 
-        def fold(event: Event) -> None:
-            folded(event)
-            if not event.type.startswith("x."):
-                self._count += 1
-            if event.type == "session.ended":
-                self._ended = True
-            if (
-                event.type == "tool.started"
-                and event.data.get("call") == call_id
-                and self.after is None
-                and not self._holding
-            ):
-                self.after = f"tool.started of {call_id}, event {self._count}"
-                asyncio.get_running_loop().call_soon(self._land)
-
-        call._fold = fold  # type: ignore[method-assign]
-        call.emit = self._emit  # type: ignore[method-assign]
-        call.emit_durable = self._emit_durable  # type: ignore[method-assign]
-        call.run_tool = self._run_tool  # type: ignore[method-assign]
+    def _folded(self, event: Event) -> None:
+        if not event.type.startswith("x."):
+            self._count += 1
+        if event.type == "session.ended":
+            self._ended = True
+        if (
+            event.type == "tool.started"
+            and event.data.get("call") == self.call_id
+            and self.after is None
+            and not self._holding
+        ):
+            self.after = f"tool.started of {self.call_id}, event {self._count}"
+            asyncio.get_running_loop().call_soon(self._land)
 
     # -- the drop ------------------------------------------------------------------------------
 
@@ -176,18 +171,11 @@ class DropHook:
             dropped = make_event(call.session_id, "session.dropped", {"reason": "exploration"}, epoch=call.epoch)
             await self.store.append([dropped])
             self.plan = await resume(self.store, call.session_id, self.agent, tools=call.tools, bus=call.bus)
-            fold = await build_context(self.store, call.session_id)
             # The same object becomes the resumed call's writer: the scenario holds it. The old runner
             # and playout waiters stay with the dropped writer (severed, released).
-            call.fold = fold
-            call._epoch = fold.epoch
-            call.writer_agent = fold.agent
-            call.playout = PlayoutWaiters()
-            call.runner = ToolRunner(call)
+            await call.reattach()
             self._holding = False
-            held, self._held = self._held, []
-            for event in held:  # what the scenario said meanwhile, now on the resumed call, in order
-                CallSession.emit(call, event.type, event.data, id=event.id)
+            call.release()  # what the scenario said meanwhile, now on the resumed call, in order
             if self._carrier is not None:
                 # the resume is done: the lost session's cut-off tool is answered on the resumed call
                 # (so the lost session can close) while a new session takes the call on
@@ -196,6 +184,8 @@ class DropHook:
         except BaseException as exc:  # reported as the run's problem; the scenario must not hang
             self.error = exc
             self._holding = False
+            with contextlib.suppress(CalltapeError):  # what was held goes on if it can; the error stands
+                call.release()
         finally:
             self._resumed.set()
 
@@ -204,54 +194,27 @@ class DropHook:
         if self._task is not None:
             await self._task
 
-    # -- the call as the scenario sees it -----------------------------------------------------
+    # -- the call as the scenario sees it (the interceptor) ------------------------------------
 
-    def _lost_event(self, event_type: str, data: Mapping[str, Any] | None) -> bool:
-        if not self._lost or data is None or data.get("call") != self.call_id:
-            return False
-        if event_type == "tool.started":
-            self._lost = False  # started again on the resumed call: its outcome counts from here
-            return False
-        return event_type in _OUTCOMES
+    def intercept(self, event: Event) -> Verdict:
+        """Loses the dropped tool call's outcome events until it starts again; holds the rest of what
+        the call writes while it is lost (recoveries go on as they would)."""
+        if self._lost and event.data.get("call") == self.call_id:
+            if event.type == "tool.started":
+                self._lost = False  # started again on the resumed call: its outcome counts from here
+            elif event.type in _OUTCOMES:
+                return Verdict.DISCARD
+        if self._holding and not event.type.startswith("x."):
+            return Verdict.HOLD
+        return Verdict.RECORD
 
-    def _emit(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
-    ) -> Event:
-        call = self.call
-        if self._lost_event(event_type, data):
-            return call._make(event_type, data, at_ms, id)
-        if self._holding:
-            event = call._make(event_type, data, None, id)
-            call._fold(event)  # the scenario's own view goes on; the log gets it after the resume
-            self._held.append(event)
-            return event
-        return CallSession.emit(call, event_type, data, at_ms=at_ms, id=id)
-
-    async def _emit_durable(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
-    ) -> Event:
-        if self._lost_event(event_type, data):
-            return self.call._make(event_type, data, at_ms, id)
+    async def around_tool(self, call_id: str, name: str, run: Callable[[], Awaitable[ToolOutcome]]) -> ToolOutcome:
+        """A tool run waits for the resume; one the drop cut off is asked again on the resumed call."""
         if self._holding:
             await self._resumed.wait()
-        return await CallSession.emit_durable(self.call, event_type, data, at_ms=at_ms, id=id)
-
-    async def _run_tool(
-        self,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        body: ToolBody,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
-    ) -> ToolOutcome:
-        call = self.call
-        if self._holding:
-            await self._resumed.wait()
-        runner = call.runner
-        outcome = await CallSession.run_tool(call, call_id, name, arguments, body, reply=reply, spec=spec)
-        if runner.call is call:
+        runner = self.call.runner
+        outcome = await run()
+        if runner.call is self.call:
             return outcome
         await self._resumed.wait()  # cut off by the drop: the resumed call answers the same ask
-        return await CallSession.run_tool(call, call_id, name, arguments, body, reply=reply, spec=spec)
+        return await run()

@@ -268,19 +268,16 @@ class _BargeIn:
         self.types: list[str] = ["session.started"]
         self.uncarried = False
         """A framework caller lands barge-ins on this call but cannot carry a drop over."""
-        original = call._fold
+        call.add_listener(self._folded)
 
-        def fold(event: Event) -> None:
-            original(event)
-            if event.type.startswith("x."):
-                return
-            self.count += 1
-            self.types.append(event.type)
-            if self.count == self.at:
-                # A real barge-in arrives from another task, so it lands at the scenario's next await.
-                asyncio.get_running_loop().call_soon(self._land)
-
-        call._fold = fold  # type: ignore[method-assign]
+    def _folded(self, event: Event) -> None:
+        if event.type.startswith("x."):
+            return
+        self.count += 1
+        self.types.append(event.type)
+        if self.count == self.at:
+            # A real barge-in arrives from another task, so it lands at the scenario's next await.
+            asyncio.get_running_loop().call_soon(self._land)
 
     def _land(self) -> None:
         if {"session.ended", "session.dropped"} & set(self.types):

@@ -457,14 +457,11 @@ class _Seen:
 
         self.types: list[str] = []
         self.arrived = asyncio.Event()
-        folded = call._fold
+        call.add_listener(self._folded)
 
-        def fold(event: Any) -> None:
-            folded(event)
-            self.types.append(event.type)
-            self.arrived.set()
-
-        call._fold = fold  # type: ignore[method-assign]
+    def _folded(self, event: Any) -> None:
+        self.types.append(event.type)
+        self.arrived.set()
 
     async def after(self, mark: int, send_after: Any) -> None:
         """Waits for ``send_after``'s event (recorded since ``mark``; 30 s at most), then its delay."""

@@ -110,3 +110,20 @@ def test_the_literal_types_match_what_the_code_accepts() -> None:
     native = {"session": "s", "items": [], "pending": {"user_text": None, "tools": []}}
     for name in typing.get_args(ContextFormat):
         render(native, name)  # every literal is a format render takes
+
+
+def test_the_call_hook_is_exported_by_the_runtime() -> None:
+    # The live call's hook (listeners, an interceptor) is public: harnesses build on it, not on patches.
+    import calltape.runtime as runtime
+    from calltape.runtime.session import CallInterceptor, EventListener, Verdict
+
+    hook = {"CallInterceptor", "EventListener", "Verdict"}
+    assert hook <= set(runtime.__all__)
+    assert (runtime.CallInterceptor, runtime.EventListener, runtime.Verdict) == (
+        CallInterceptor,
+        EventListener,
+        Verdict,
+    )
+    assert {v.value for v in Verdict} == {"record", "hold", "discard"}
+    for method in ("add_listener", "remove_listener", "intercept", "release", "reattach"):
+        assert callable(getattr(calltape.CallSession, method)), method
