@@ -25,6 +25,8 @@ from calltape.canonical_json import json_text
 from calltape.errors import CalltapeError, CliError
 
 if TYPE_CHECKING:
+    from calltape.errors import ImportRefused
+    from calltape.events import Event
     from calltape.eventstore import EventStore
 
 T = TypeVar("T")
@@ -282,3 +284,16 @@ def completer(*values: str) -> Any:
         return [v for v in values if v.startswith(incomplete)]
 
     return complete
+
+
+def import_refusal(exc: ImportRefused, event: Event) -> str:
+    """Why the store refused an imported event, in the words of the import."""
+    from calltape.errors import FencedWrite
+
+    cause = exc.cause
+    if isinstance(cause, FencedWrite) and event.epoch is None:
+        return (
+            f"session '{cause.session}' was resumed (it is at epoch {cause.current}) after this event's writer "
+            "lost it, so the event was refused (--allow-after-resume imports it anyway)"
+        )
+    return f"the store refused this event: {exc}"

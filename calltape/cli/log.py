@@ -25,6 +25,7 @@ import typer
 
 from calltape.cli.common import (
     database_url,
+    import_refusal,
     note,
     opened_store,
     out,
@@ -39,8 +40,6 @@ from calltape.gcpause import BULK, gc_paused
 from calltape.redaction import Redactor
 
 if TYPE_CHECKING:
-    from calltape.errors import ImportRefused
-    from calltape.events import Event
     from calltape.eventstore import EventStore
     from calltape.eventstore.bulk import BulkImport
 
@@ -187,19 +186,6 @@ async def _all_stored(store: EventStore, sources: list[Source], chunk: int) -> t
     return total, len(sessions)
 
 
-def _refusal(exc: ImportRefused, event: Event) -> str:
-    """Why the store refused an imported event, in the words of the import."""
-    from calltape.errors import FencedWrite
-
-    cause = exc.cause
-    if isinstance(cause, FencedWrite) and event.epoch is None:
-        return (
-            f"session '{cause.session}' was resumed (it is at epoch {cause.current}) after this event's writer "
-            "lost it, so the event was refused (--allow-after-resume imports it anyway)"
-        )
-    return f"the store refused this event: {exc}"
-
-
 async def _import_here(
     imp: BulkImport,
     add: Callable[[BulkImport, Batch], Awaitable[None]],
@@ -304,7 +290,7 @@ def import_events(
                 except ImportRefused as exc:
                     source, lineno = part.lines[exc.index]
                     raise CliError(
-                        f"{source.name}:{lineno}: {_refusal(exc, part.events[exc.index])}; nothing was imported"
+                        f"{source.name}:{lineno}: {import_refusal(exc, part.events[exc.index])}; nothing was imported"
                     ) from None
                 lines += len(part.events)
                 if bar.shown:

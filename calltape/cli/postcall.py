@@ -59,7 +59,7 @@ def import_postcall(
     """The ``--format`` branch of ``calltape import``: convert, skip calls recorded live, import."""
     from calltape.adapters.postcall import PLATFORMS
     from calltape.adapters.reconstruct import is_reconstructed
-    from calltape.cli.log import _refusal
+    from calltape.cli.common import import_refusal
     from calltape.errors import ImportRefused
     from calltape.eventstore.bulk import bulk_import
 
@@ -82,7 +82,7 @@ def import_postcall(
                     try:
                         await imp.add(events)
                     except ImportRefused as exc:
-                        why = _refusal(exc, events[exc.index])
+                        why = import_refusal(exc, events[exc.index])
                         raise CliError(f"{source.name}: {why}; nothing was imported") from None
                 counts = imp.counts
         return counts.new, counts.stored, len(counts.sessions), live

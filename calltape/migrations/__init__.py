@@ -21,6 +21,7 @@ def alembic_config() -> Config:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent))
+    cfg.attributes["version_table"] = VERSION_TABLE  # env.py reads it here, not from this package
     return cfg
 
 

@@ -36,7 +36,7 @@ per-item encodings and the settled prefix depends on the state alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -45,8 +45,35 @@ from calltape.gcpause import gc_paused
 from calltape.projections.native import NativeItem, items_json
 from calltape.projections.records import Call, Handoff, Item, Reply, User
 
-if TYPE_CHECKING:
-    from calltape.projections.fold import ContextFold
+
+class ContextFold(Protocol):
+    """The fold's state this codec reads and writes: :class:`~calltape.projections.fold.ContextFold`
+    matches it, and naming the shape here keeps the codec from importing the fold that uses it."""
+
+    session: str | None
+    seq: int
+    last_clean_seq: int
+    agent: str | None
+    epoch: int
+    modality: str
+    instructions: str
+    counters: dict[str, int]
+    _count: int
+    _items: list[Item]
+    _replies: dict[str, Reply]
+    _calls: dict[str, Call]
+    _cur_user: User | None
+    _last_reply: Reply | None
+    _interim: str | None
+    _flags: set[str]
+    _generating: set[str]
+    _unheard: set[str]
+    _open_calls: set[str]
+    _ncalls: int
+    _frozen: Frozen | None
+
+    def _refresh_all(self) -> None: ...
+
 
 FOLD_VERSION: Final = 2
 """Bump whenever a rule of the fold or this layout changes: snapshots of another version are

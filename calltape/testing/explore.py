@@ -224,7 +224,7 @@ class Exploration:
     def report(self, *, radius: int = 6) -> str:
         """:meth:`summary` with, under each entry, the run's timeline around the seq it names (that seq
         marked ``▶``). The timelines show the call's words: print the report, never log it."""
-        from calltape.testing import timeline_text
+        from calltape.testing.invariants import timeline_text
 
         failures = self.failures
         lines = [f"{len(failures)} of {len(self.runs)} runs failed ({self.seconds:.1f} s)"]
@@ -304,8 +304,8 @@ async def _one_run(
     drop: tuple[int, str] | None = None,
 ) -> tuple[Run, _BargeIn]:
     from calltape.eventstore.recorder import Recorder
-    from calltape.testing import invariant_violations
     from calltape.testing.dropresume import DropHook, carries_drops
+    from calltape.testing.invariants import invariant_violations
 
     in_harness_run(at is not None or drop is not None)
     run = Run(boundary=at, dropped=drop[1] if drop else None)
