@@ -99,3 +99,41 @@ async def sqlite_append(
             f"{run.raw_per_s:,.0f} ev/s ({run.batches} batches, ratio {run.calltape_per_s / run.raw_per_s:.3f})"
         )
     return runs
+
+
+def main() -> None:
+    """``python -m bench.sqlite_append``: this key alone (the full run's sizes by default); ``--profile
+    PATH`` writes a cProfile of the calltape side (all threads' Python work lands in the main thread's
+    profile only when the writer runs there: pair it with py-spy for the writer thread)."""
+    import argparse
+    import cProfile
+    import statistics
+
+    parser = argparse.ArgumentParser(prog="python -m bench.sqlite_append", description=__doc__)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--per-session", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", metavar="PATH", help="write a cProfile of the whole run to PATH")
+    args = parser.parse_args()
+
+    async def run() -> list[SqliteRun]:
+        return await sqlite_append(
+            sessions=args.sessions, per_session=args.per_session, repeats=args.repeats, log=print
+        )
+
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    runs = asyncio.run(run())
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+    ratios = [r.calltape_per_s / r.raw_per_s for r in runs]
+    print(
+        f"sqlite_append_ratio_vs_raw: median {statistics.median(ratios):.3f} "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(runs)} repeats"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -40,6 +40,7 @@ from calltape.eventstore.queries import (
     to_session_info,
 )
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS, events, sessions
+from calltape.eventstore.sqlite_thread import ThreadDb, WriterThread, in_transaction, run_to_end
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
@@ -51,7 +52,7 @@ BUSY_TIMEOUT_MS = 10_000
 """How long a writer waits for another process's write lock before the store reports the file locked."""
 
 
-def _switch_to_wal(cursor: Any) -> None:
+def _switch_to_wal(cursor: Any, sleep: Callable[[float], None]) -> None:
     """Switches the file to WAL, retrying while another process holds the lock. On a fresh file that
     several processes open at once, SQLite answers "database is locked" at once, without its busy
     handler, when the switch meets another process's lock (seen on a loaded machine, about one trial
@@ -65,8 +66,25 @@ def _switch_to_wal(cursor: Any) -> None:
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() + delay > deadline:
                 raise
-        await_only(asyncio.sleep(delay))  # the connect hook runs under SQLAlchemy's async bridge
+        sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def configure_connection(dbapi_connection: Any, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Every connection of the file, the engine's and the writer thread's: explicit BEGIN, a busy
+    timeout for writers, WAL for concurrent readers, ``synchronous=NORMAL``."""
+    dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+    cursor = dbapi_connection.cursor()
+    # The busy timeout first: switching a fresh file to WAL takes a lock that another process
+    # opening the same file at the same instant may hold.
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _switch_to_wal(cursor, sleep)
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _async_sleep(seconds: float) -> None:
+    await_only(asyncio.sleep(seconds))  # the connect hook runs under SQLAlchemy's async bridge
 
 
 def configure_engine(engine: AsyncEngine) -> None:
@@ -74,14 +92,7 @@ def configure_engine(engine: AsyncEngine) -> None:
 
     @sa_event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
-        cursor = dbapi_connection.cursor()
-        # The busy timeout first: switching a fresh file to WAL takes a lock that another process
-        # opening the same file at the same instant may hold.
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        _switch_to_wal(cursor)
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
+        configure_connection(dbapi_connection, _async_sleep)
 
     @sa_event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -109,14 +120,18 @@ class SqliteDb(Db):
         if binds:
             await self.conn.exec_driver_sql(binds[0][0], [args for _, args in binds])
 
+    async def fetch_sql(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
+        """Rows of SQL text written for SQLite alone."""
+        return (await self.conn.exec_driver_sql(sql, tuple(args))).all()
+
+    async def insert_rows(self, sql: str, records: Sequence[Sequence[Any]]) -> None:
+        """``executemany`` of ready-made positional rows."""
+        await self.conn.exec_driver_sql(sql, list(records))
+
 
 def _in_json(name: str) -> Any:
     """The values of a JSON array parameter, as a subquery for ``IN``."""
     return select(func.json_each(bindparam(name)).table_valued("value").c.value)
-
-
-def _id_in(names: str) -> ColumnElement[bool]:
-    return (events.c.session == bindparam("session")) & events.c.id.in_(_in_json(names))
 
 
 _ENSURE_SESSIONS = Query(
@@ -134,8 +149,14 @@ _ENSURE_SESSIONS = Query(
     )
 )
 _SESSIONS_IN = Query(lambda _: select(*SESSION_COLUMNS).where(sessions.c.session.in_(_in_json("sessions"))))
-_STORED = Query(lambda _: select(*EVENT_SELECT).where(_id_in("ids")))
-_STORED_KEYS = Query(lambda _: select(events.c.session, events.c.id).where(_id_in("ids")))
+_STORED_SQL = (
+    "SELECT {columns} FROM json_each(?) AS k CROSS JOIN ct_events AS e "
+    "ON e.session = k.value ->> 0 AND e.id = k.value ->> 1"
+)
+"""The stored events among a JSON array of ``[session, id]`` pairs: one statement for the whole batch,
+each pair one probe of the ``(session, id)`` unique index (CROSS JOIN keeps the pairs the outer loop)."""
+_STORED = _STORED_SQL.format(columns="e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, CAST(e.data AS TEXT)")
+_STORED_KEYS = _STORED_SQL.format(columns="e.session, e.id")
 _INSERT_EVENTS = Query(lambda _: insert(events).values({c.name: bindparam(c.name) for c in ROW_COLUMNS}))
 _UPDATE_SESSIONS = Query(
     lambda _: (
@@ -146,17 +167,11 @@ _UPDATE_SESSIONS = Query(
 )
 
 
-def _by_session(keys: Sequence[Key]) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for session, id_ in keys:
-        found.setdefault(session, []).append(id_)
-    return found
-
-
 class SqliteWriter(AppendWriter):
-    """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction."""
+    """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction: on the engine's
+    connection (an import) or on the writer thread's (:mod:`.sqlite_thread`, the store's appends)."""
 
-    def __init__(self, db: SqliteDb, tenant: str | None = None, everyone: bool = False) -> None:
+    def __init__(self, db: SqliteDb | ThreadDb, tenant: str | None = None, everyone: bool = False) -> None:
         self.db = db
         self.tenant = tenant
         self.everyone = everyone
@@ -171,13 +186,15 @@ class SqliteWriter(AppendWriter):
         self._mine.update(rows)
         return rows
 
-    async def _select(self, query: Query, keys: Sequence[Key]) -> list[Sequence[Any]]:
-        rows: list[Sequence[Any]] = []
-        for session, ids in _by_session(keys).items():
-            if not (self.everyone or session in self._mine or await owns(self.db, session, self.tenant)):
-                continue  # not this store's: it sees none of the session's events
-            rows += await self.db.fetch(query, session=session, ids=orjson.dumps(ids).decode())
-        return rows
+    async def _select(self, sql: str, keys: Sequence[Key]) -> Sequence[Sequence[Any]]:
+        visible: dict[str, bool] = {}
+        for session, _ in keys:
+            if session not in visible:
+                visible[session] = (
+                    self.everyone or session in self._mine or await owns(self.db, session, self.tenant)
+                )  # not this store's: it sees none of the session's events
+        pairs = [key for key in keys if visible[key[0]]]
+        return await self.db.fetch_sql(sql, (orjson.dumps(pairs).decode(),)) if pairs else []
 
     async def stored(self, keys: Sequence[Key]) -> dict[Key, Event]:
         return {(r[0], r[2]): to_event(r) for r in await self._select(_STORED, keys)}
@@ -191,7 +208,7 @@ class SqliteWriter(AppendWriter):
             (e.session, e.seq, e.id, e.type, e.at_ms, e.agent, e.epoch, dumps_data(e.data), rows[e.session].tenant)
             for e in events
         ]
-        await self.db.conn.exec_driver_sql(sql, records)
+        await self.db.insert_rows(sql, records)
 
     async def update_sessions(self, rows: Sequence[SessionInfo]) -> None:
         # Followers poll: SQLite has no notifications to send.
@@ -327,6 +344,10 @@ class SqliteEventStore(SqlEventStore):
         database = make_url(url).database or ":memory:"
         self._erasure_counter = None if database == ":memory:" else f"{database}-erasures"
         """The file every erase bumps (None for an in-memory database, which no other process can open)."""
+        self._writer = None if database == ":memory:" else WriterThread(database, configure_connection)
+        """Where appends run (:mod:`.sqlite_thread`). An in-memory database is one shared-cache database
+        behind a pool of one connection (``connect.py``): its appends stay on that connection, the only
+        one that waits its turn instead of failing on the shared cache's table locks."""
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
@@ -340,8 +361,17 @@ class SqliteEventStore(SqlEventStore):
         if not events:
             return []
         events = admit(self._redact(events), self.tenant, self.all_tenants)
-        async with self._db(write=True) as db:
-            return await SqliteWriter(db, self.tenant, self.all_tenants).append(events, expected_seq)
+        if self._writer is None:
+            async with self._db(write=True) as db:
+                return await SqliteWriter(db, self.tenant, self.all_tenants).append(events, expected_seq)
+        dialect, tenant, everyone = self.engine.dialect, self.tenant, self.all_tenants
+
+        def append(conn: sqlite3.Connection) -> list[Event]:
+            writer = SqliteWriter(ThreadDb(conn, dialect), tenant, everyone)
+            return in_transaction(conn, lambda: run_to_end(writer.append(events, expected_seq)))
+
+        async with translate_errors(self.url):
+            return await self._writer.run(append)
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
@@ -391,3 +421,10 @@ class SqliteEventStore(SqlEventStore):
                 trimmed += await db.execute(_TRIM, session=session, step=step)
             await asyncio.sleep(0)
         return await self._erase(session, trimmed, before_ms if not trimmed else None)
+
+    async def close(self) -> None:
+        try:
+            if self._writer is not None:
+                await self._writer.close()
+        finally:
+            await super().close()

@@ -1,0 +1,126 @@
+"""The embedded store's writer: one thread with its own standard-library ``sqlite3`` connection.
+
+Through aiosqlite every statement of an append is a hop to aiosqlite's thread and back to the event
+loop (a queue, a future, a wake-up of the loop): an append of one batch of 200 sessions ran some 200
+statements and spent most of its time in those hops. Here the whole append transaction (``BEGIN
+IMMEDIATE``, the session rows, the duplicate look-up, the plan, ``executemany`` of the rows, the summaries,
+``COMMIT``) is one call into the writer's thread: one hop per batch. The append steps are the same
+:class:`~calltape.eventstore.writer.AppendWriter` code as everywhere else; its coroutines never
+suspend on a :class:`ThreadDb`, so the thread runs them to the end with :func:`run_to_end`.
+
+While SQLite works (``sqlite3`` releases the GIL around every step and around ``COMMIT``) the caller's
+loop goes on: the voice loop's ``emit`` is not held behind the database's own work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Dialect
+
+from calltape.eventstore.queries import Db, Query
+
+T = TypeVar("T")
+
+
+def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine that never suspends (one awaiting only a :class:`ThreadDb`) in this thread."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("an append step waited on something other than the writer's own connection")
+
+
+class ThreadDb(Db):
+    """Compiled queries on the writer thread's ``sqlite3`` connection: the async methods run at once."""
+
+    def __init__(self, conn: sqlite3.Connection, dialect: Dialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        sql, args = query.bind(self.dialect, params)
+        return self.conn.execute(sql, args).fetchall()
+
+    async def fetch_sql(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
+        """Rows of SQL text written for SQLite alone."""
+        return self.conn.execute(sql, args).fetchall()
+
+    async def execute(self, query: Query, **params: Any) -> int:
+        sql, args = query.bind(self.dialect, params)
+        return self.conn.execute(sql, args).rowcount
+
+    async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
+        binds = [query.bind(self.dialect, r) for r in rows]
+        if binds:
+            self.conn.executemany(binds[0][0], [args for _, args in binds])
+
+    async def insert_rows(self, sql: str, records: Sequence[Sequence[Any]]) -> None:
+        """``executemany`` of ready-made positional rows."""
+        self.conn.executemany(sql, records)
+
+
+class WriterThread:
+    """One thread owning one ``sqlite3`` connection, opened on first use; jobs run one at a time, in order."""
+
+    def __init__(self, path: str, configure: Callable[[sqlite3.Connection], None]) -> None:
+        self._path = path
+        self._configure = configure
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Runs ``job(connection)`` in the writer's thread; returns what it returned, raises what it raised."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calltape-sqlite-writer")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, job)
+
+    def _call(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return job(self._conn)
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def close(self) -> None:
+        """Closes the connection (after the jobs already handed over) and ends the thread."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+        finally:
+            executor.shutdown(wait=False)
+
+
+def in_transaction(conn: sqlite3.Connection, job: Callable[[], T]) -> T:
+    """``job`` inside ``BEGIN IMMEDIATE`` … ``COMMIT`` (the write lock taken up front, as every writer
+    of the file does); rolled back if it raises. Returns once the commit is done: durable as SQLite's
+    ``synchronous`` setting makes it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = job()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # the first error is the one to report
+                conn.execute("ROLLBACK")
+        raise
+    return result

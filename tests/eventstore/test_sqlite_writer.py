@@ -1,0 +1,132 @@
+"""The SQLite store's appends on their own thread and ``sqlite3`` connection (``sqlite_thread.py``):
+the same guarantees as through aiosqlite, checked against the file with a plain ``sqlite3`` connection."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from calltape.errors import InvalidEvent, SessionErased, StoreUnavailable
+from calltape.events import Event, make_event
+from calltape.eventstore import open_store
+from calltape.eventstore import sqlite as sqlite_backend
+from calltape.eventstore.store import EventStore
+
+
+def _said(session: str, id: str) -> Event:
+    return make_event(session, "user.transcript", {"text": "hi", "final": True}, id=id)
+
+
+def _writers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("calltape-sqlite-writer")]
+
+
+@pytest.fixture
+async def path(tmp_path: Path) -> Path:
+    return tmp_path / "calltape.db"
+
+
+@pytest.fixture
+async def store(path: Path) -> AsyncIterator[EventStore]:
+    s = await open_store(f"sqlite:///{path}")
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def _rows(path: Path) -> list[tuple[str, int, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT session, seq, id FROM ct_events ORDER BY pos").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_an_awaited_append_is_committed_for_every_other_connection(store: EventStore, path: Path) -> None:
+    stored = await store.append([_said("a", "e1"), _said("b", "e2"), _said("a", "e3")])
+    assert [(e.session, e.seq) for e in stored] == [("a", 1), ("b", 1), ("a", 2)]
+    assert _rows(path) == [("a", 1, "e1"), ("b", 1, "e2"), ("a", 2, "e3")]
+    assert _writers(), "the append ran on the writer's thread"
+
+
+async def test_ids_already_stored_in_several_sessions_are_found_in_one_batch(store: EventStore, path: Path) -> None:
+    first = await store.append([_said("a", "e1"), _said("b", "e2")])
+    again = await store.append([_said("b", "e2"), _said("a", "e4"), _said("a", "e1")])
+    assert again[0] == first[1] and again[2] == first[0]
+    assert (again[1].session, again[1].seq) == ("a", 2)
+    assert _rows(path) == [("a", 1, "e1"), ("b", 1, "e2"), ("a", 2, "e4")]
+
+
+async def test_a_refused_batch_writes_nothing_and_the_writer_goes_on(store: EventStore, path: Path) -> None:
+    started = make_event("s", "session.started", {"agent": "bot"}, id="st")
+    twice = make_event("s", "session.started", {"agent": "bot"}, id="st2")
+    with pytest.raises(InvalidEvent):
+        await store.append([_said("a", "e1"), started, twice])
+    assert _rows(path) == []
+    await store.append([_said("a", "e1")])
+    assert _rows(path) == [("a", 1, "e1")]
+
+
+async def test_an_append_waits_for_another_writers_lock(store: EventStore, path: Path) -> None:
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        asyncio.get_running_loop().call_later(0.3, holder.execute, "COMMIT")
+        await store.append([_said("a", "e1")])
+    finally:
+        holder.close()
+    assert _rows(path) == [("a", 1, "e1")]
+
+
+async def test_a_lock_held_past_the_busy_timeout_is_an_outage_then_the_append_goes_through(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_backend, "BUSY_TIMEOUT_MS", 200)
+    store = await open_store(f"sqlite:///{path}")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable, match="SQLite file"):
+            await store.append([_said("a", "e1")])
+        holder.execute("COMMIT")
+        await store.append([_said("a", "e1")])
+        assert _rows(path) == [("a", 1, "e1")]
+    finally:
+        holder.close()
+        await store.close()
+
+
+async def test_an_erased_session_is_refused_on_the_writer_thread(store: EventStore) -> None:
+    await store.append([_said("gone", "e1")])
+    await store.erase("gone")
+    with pytest.raises(SessionErased):
+        await store.append([_said("gone", "e2")])
+
+
+async def test_close_ends_the_writer_thread(path: Path) -> None:
+    before = len(_writers())
+    store = await open_store(f"sqlite:///{path}")
+    await store.append([_said("a", "e1")])
+    assert len(_writers()) == before + 1
+    await store.close()
+    for _ in range(100):
+        if len(_writers()) == before:
+            break
+        await asyncio.sleep(0.01)
+    assert len(_writers()) == before
+
+
+async def test_an_in_memory_store_appends_on_its_one_connection() -> None:
+    store = await open_store("sqlite://")
+    try:
+        stored = await store.append([_said("a", "e1"), _said("a", "e1")])
+        assert [e.seq for e in stored] == [1, 1]
+        assert [e.id for e in await store.read("a")] == ["e1"]
+    finally:
+        await store.close()
