@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,9 +77,14 @@ class WriterThread:
         self._configure = configure
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
 
     async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Runs ``job(connection)`` in the writer's thread; returns what it returned, raises what it raised."""
+        if self._pid != os.getpid():
+            # a forked child has no writer thread (threads do not survive fork) and must not share the
+            # parent's SQLite connection: it opens its own, in a thread of its own
+            self._pid, self._executor, self._conn = os.getpid(), None, None
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calltape-sqlite-writer")
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, job)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -130,3 +132,34 @@ async def test_an_in_memory_store_appends_on_its_one_connection() -> None:
         assert [e.id for e in await store.read("a")] == ["e1"]
     finally:
         await store.close()
+
+
+FORKED_CHILD = """
+import asyncio, os, sys
+from calltape.eventstore import open_store
+from calltape.events import make_event
+
+async def main(path):
+    store = await open_store(f"sqlite:///{path}")
+    await store.append([make_event("s1", "session.started", {"agent": "a"})])
+    pid = os.fork()
+    if pid == 0:
+        async def child():
+            await asyncio.wait_for(store.append([make_event("s1", "user.text", {"text": "hi"})]), 20)
+        asyncio.run(child())
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(status, len(await store.read("s1")))
+    await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_forked_child_appends_through_a_writer_of_its_own(tmp_path: Path) -> None:
+    # threads do not survive fork: the child's first append must not wait for the parent's writer thread
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_CHILD, str(tmp_path / "calls.db")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "2"], done.stdout
