@@ -66,6 +66,7 @@ from calltape.adapters.realtime import RealtimeTap, seed_events
 from calltape.client import Calltape
 from calltape.events import now_ms
 from calltape.projections import output_text
+from calltape.runtime.effects import guarded_call
 from calltape.runtime.protocol import CallStarter, EventSink, LiveCall
 from calltape.runtime.resume import cut_replies
 from calltape.runtime.toolspec import ToolOutcome, ToolSpec
@@ -129,7 +130,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self.playback = playback
         self._clock = clock
         self.session: RealtimeSession | None = None
-        self.realtime = RealtimeTap(call, clock=clock)
+        self.realtime = RealtimeTap(call, clock=clock, playout="client")
         self._raw = False  # the model forwards Realtime server events: they are the source
         self._response: str | None = None  # normalized events: the response being generated
         self._first_audio: dict[str, int] = {}  # normalized events: item -> when its audio began
@@ -143,6 +144,10 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self._seeded_outputs: set[str] = set()  # calls whose output the last seed put in
         self._accepting = True  # the bound session takes results (False between a provider end and renew)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._playouts: set[asyncio.Task[None]] = set()  # replies whose audio is still playing (no player)
+        self._playing: dict[str, tuple[RealtimeTap, str, float]] = {}  # last audio item -> its reply, length
+        if playback is not None:
+            self._watch_player(playback)
         self.ended: str | None = None
         """Why the provider ended the session (``end_of_stream``, ``disconnected``, a server error
         code), or None while it is live."""
@@ -183,6 +188,9 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         """The session closed: the SDK cancelled the tools it was running. An unguarded one is settled
         here (its outcome is unknown); a guarded one settles itself, or lives on for a renewal."""
         self.realtime.flush()
+        for task in list(self._playouts):  # the caller hung up: what was still playing was not heard out
+            task.cancel()
+        self._playing.clear()
         for state in self.realtime.replies.fold.tool_calls():
             if state.included and state.status == "in_progress" and state.call_id not in self._running:
                 data = {"call": state.call_id, "reason": "session_closed", "outcome": "unknown"}
@@ -207,6 +215,8 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
 
     async def on_event(self, event: RealtimeModelEvent) -> None:
         """One model event (the SDK calls this for every event, before the session's own handling)."""
+        if isinstance(event, me.RealtimeModelAudioEvent):
+            self._first_audio.setdefault(event.item_id, self._clock())
         if isinstance(event, me.RealtimeModelRawServerEvent):
             data = event.data
             if isinstance(data, Mapping) and isinstance(data.get("type"), str):
@@ -243,10 +253,71 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             self._open_gate(fc.call_id, True)
         if kind == "response.done":  # its calls that did not become runnable never will
             rid = str((data.get("response") or {}).get("id"))
+            self._watch_playout(rid)
             for call_id, response in list(self._call_response.items()):
                 if response == rid:
                     del self._call_response[call_id]
                     self._open_gate(call_id, self.realtime.replies.fold.tool_call(call_id) is not None)
+
+    # -- playout: when the caller heard a reply out ---------------------------------------------
+
+    def _watch_playout(self, rid: str) -> None:
+        """Reports the reply heard once its audio has played out (not when the model finished it): the
+        SDK says when audio was cut, never when it ended, and a heard-first effect waits for this."""
+        realtime = self.realtime
+        items = realtime.playout_items(rid)
+        if items is None:
+            return
+        if not items:  # nothing to play (text only): heard as it completes
+            self._played(realtime, rid)
+        elif self.playback is not None:  # the app's player says: checked at each position it reports
+            item, length = items[-1]
+            self._playing[item] = (realtime, rid, length)
+            self._on_played()
+        else:  # the SDK's own assumption: played at once, in real time
+            item, length = items[-1]
+            end = self._first_audio.get(item, self._clock()) + length
+            task = asyncio.get_running_loop().create_task(self._play_for(realtime, rid, end))
+            self._playouts.add(task)
+            task.add_done_callback(self._playouts.discard)
+
+    async def _play_for(self, realtime: RealtimeTap, rid: str, end: float) -> None:
+        await asyncio.sleep(max(end - self._clock(), 0) / 1000)
+        self._played(realtime, rid)
+
+    def _played(self, realtime: RealtimeTap, rid: str) -> None:
+        state = realtime.replies.state(rid)
+        if state is not None and not state.interrupted:
+            realtime.playout_finished(rid)
+
+    def _watch_player(self, playback: RealtimePlaybackTracker) -> None:
+        """Hears each position the app's player reports (``on_play_bytes`` goes through ``on_play_ms``)."""
+        report = playback.on_play_ms
+        tap = weakref.ref(self)
+
+        def on_play_ms(item_id: str, item_content_index: int, ms: float) -> None:
+            report(item_id, item_content_index, ms)
+            owner = tap()
+            if owner is not None:
+                owner._on_played()
+
+        playback.on_play_ms = on_play_ms  # type: ignore[method-assign,unused-ignore]
+
+    def _on_played(self) -> None:
+        for item, (realtime, rid, length) in list(self._playing.items()):
+            if self._played_out(item, length):
+                del self._playing[item]
+                self._played(realtime, rid)
+
+    def _played_out(self, item: str, length: float) -> bool:
+        """Whether the app's player has played ``item`` to its end, or moved on to later audio."""
+        assert self.playback is not None
+        state = self.playback.get_state()
+        current, elapsed = state["current_item_id"], state["elapsed_ms"]
+        if current == item:
+            return elapsed is not None and elapsed >= length - 1
+        order = list(self._first_audio)
+        return current in self._first_audio and item in self._first_audio and order.index(current) > order.index(item)
 
     def _open_gate(self, call_id: str, runnable: bool) -> None:
         gate = self._gates.pop(call_id, None)
@@ -270,7 +341,13 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         state = live.call_state(call_id)
 
         async def run() -> Any:
-            return _jsonable(await body())
+            output = await body()
+            guarded = guarded_call()
+            if guarded is not None and guarded.refused:
+                # the SDK turned calltape.effect()'s refusal into an error text: the runner settles the
+                # call instead (not_run after a barge-in, unknown for an effect it must not run again)
+                raise guarded.refused[-1]
+            return _jsonable(output)
 
         inner = asyncio.ensure_future(
             live.run_tool(
@@ -391,7 +468,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         for call_id in list(self._gates):  # calls of responses that never completed: never run
             self._open_gate(call_id, False)
         session = await runner.run(context=context, model_config=model_config)
-        self.realtime = RealtimeTap(self.call, clock=self._clock)
+        self.realtime = RealtimeTap(self.call, clock=self._clock, playout="client")
         self._raw, self._response = False, None
         self._first_audio.clear()
         self._call_response.clear()
@@ -415,7 +492,6 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             kind = "response.output_audio_transcript.delta" if audio else "response.output_text.delta"
             self._server({"type": kind, "response_id": self._response, "item_id": event.item_id, "delta": event.delta})
         elif isinstance(event, me.RealtimeModelAudioEvent):
-            self._first_audio.setdefault(event.item_id, self._clock())
             rid = event.response_id or self._ensure_response()
             delta = base64.b64encode(event.data).decode()
             self._server(

@@ -244,6 +244,16 @@ class RealtimeTap:
             self._start_speech(resp)
             self.replies.speech_ended(resp.id, interrupted=interrupted)
 
+    def playout_items(self, response_id: str) -> list[tuple[str, float]] | None:
+        """The response's audio items and their length in ms, in order, for an app (or adapter) that
+        reports playout itself (``playout="client"``); None when the response has nothing to hear (no text).
+        """
+        resp = self._responses.get(response_id)
+        if resp is None or not any(resp.text.values()):
+            return None
+        items = resp.item_order + [item for item in resp.audio_bytes if item not in resp.item_order]
+        return [(item, resp.audio_bytes[item] / self._bytes_per_ms) for item in items if resp.audio_bytes.get(item)]
+
     def flush(self) -> None:
         """Releases reply events still held back for a transcription (e.g. when the session ends)."""
         self._release()

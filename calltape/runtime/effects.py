@@ -31,7 +31,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from calltape.errors import EffectNotRun, EffectUnknown, Interrupted
@@ -90,6 +90,9 @@ class GuardedCall:
     call_id: str
     reply: str
     tool: str
+    refused: list[EffectNotRun | EffectUnknown] = field(default_factory=list)
+    """What :func:`effect` raised in this call (an adapter whose framework turns a tool's exceptions into
+    an error text for the model re-raises it, so the runner settles the call as SPEC section 8 says)."""
 
     @property
     def host(self) -> ToolHost:
@@ -139,6 +142,22 @@ async def effect(
         raise ValueError("an effect needs a name and a key, both non-empty strings")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise ValueError("an effect timeout must be a positive, finite number of seconds")
+    try:
+        return await _effect(guarded, name, key, action, heard, timeout, reconcile)
+    except (EffectNotRun, EffectUnknown) as exc:
+        guarded.refused.append(exc)
+        raise
+
+
+async def _effect(
+    guarded: GuardedCall,
+    name: str,
+    key: str,
+    action: EffectAction,
+    heard: bool,
+    timeout: float,
+    reconcile: EffectReconcile | None,
+) -> Any:
     if heard:
         await _heard_first(guarded, name)
     lost: set[int] = set()  # claims this call found taken

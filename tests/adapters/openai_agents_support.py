@@ -75,6 +75,27 @@ def tool_output_echo(event: RealtimeModelSendEvent, item: str) -> list[RealtimeM
     ]
 
 
+async def ask_tool(
+    model: ScriptedRealtimeModel, response: str, call_id: str, name: str, arguments: str, text: str, audio_ms: int
+) -> None:
+    """A spoken reply ``text`` that calls tool ``name``, completed (the call becomes runnable)."""
+    await model.emit(
+        *spoken_reply(response, f"a_{response}", text, audio_ms),
+        function_call(call_id, name, arguments, f"f_{call_id}"),
+        turn_ended(response),
+    )
+
+
+async def logged(ct: Any, session_id: str) -> list[Any]:
+    """The call's events in the store, once the recorder wrote what it holds."""
+    await ct.recorder.flush()
+    return list(await ct.store.read(session_id))
+
+
+def data_of(events: list[Any], kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in events if e.type == kind]
+
+
 def turn_ended(response: str) -> RealtimeModelEvent:
     return RealtimeModelTurnEndedEvent(response_id=response)
 

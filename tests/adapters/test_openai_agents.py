@@ -33,8 +33,11 @@ from calltape.adapters.openai_agents import NOT_RUN, REANCHOR, attach, restore
 from calltape.runtime import ToolSpec
 from tests.adapters.openai_agents_support import (
     FakeRealtimeServer,
+    ask_tool,
     audio_interrupted,
+    data_of,
     function_call,
+    logged,
     sent,
     server_done,
     server_reply,
@@ -93,6 +96,7 @@ async def book_then_barge_in(
     )
     await until(lambda: sent(model, RealtimeModelSendToolOutput))
     await model.emit(*tool_output_echo(sent(model, RealtimeModelSendToolOutput)[0], "f1"))
+    tracker.on_play_ms("a1", 0, 800)  # the player played "Let me check." out
     await model.emit(*spoken_reply("r2", "a2", "Your table for two is booked for seven tonight.", 3000))
     tracker.on_play_ms("a2", 0, 1500)  # the user heard half of it, then spoke
     await model.emit(audio_interrupted("a2"), turn_ended("r2"))
@@ -171,20 +175,7 @@ def slow_agent(calls: list[str], *, seconds: float, store: Any = None, session_i
 
 
 async def _ask(model: ScriptedRealtimeModel, response: str = "r1", call_id: str = "c1") -> None:
-    await model.emit(
-        *spoken_reply(response, f"a_{response}", "Let me check.", 500),
-        function_call(call_id, "book", '{"when": "19:00"}', f"f_{call_id}"),
-        turn_ended(response),
-    )
-
-
-async def logged(ct: Any, session_id: str) -> list[Any]:
-    await ct.recorder.flush()
-    return list(await ct.store.read(session_id))
-
-
-def _events(events: list[Any], kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in events if e.type == kind]
+    await ask_tool(model, response, call_id, "book", '{"when": "19:00"}', "Let me check.", 500)
 
 
 async def test_a_guarded_tool_starts_durably_and_times_out(store_url: str, session_id: str) -> None:
@@ -201,7 +192,7 @@ async def test_a_guarded_tool_starts_durably_and_times_out(store_url: str, sessi
     assert calls == ["started durable: True", "19:00"]
     (output,) = sent(model, RealtimeModelSendToolOutput)
     assert output.tool_call.call_id == "c1" and output.output == "the tool timed out"
-    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "timeout", "outcome": "unknown"}]
+    assert data_of(events, "tool.cancelled") == [{"call": "c1", "reason": "timeout", "outcome": "unknown"}]
 
 
 async def test_tools_the_sdk_cancels_at_close_are_settled(store_url: str, session_id: str) -> None:
@@ -217,7 +208,7 @@ async def test_tools_the_sdk_cancels_at_close_are_settled(store_url: str, sessio
         native = (await ct.context(session_id)).native()
         events = await logged(ct, session_id)
     assert calls == ["19:00"]  # cancelled with the session: never finished
-    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "cancelled", "outcome": "unknown"}]
+    assert data_of(events, "tool.cancelled") == [{"call": "c1", "reason": "cancelled", "outcome": "unknown"}]
     assert ("output", "c1", {"status": "unknown"}) in shape(native)
 
 
@@ -237,7 +228,7 @@ async def test_a_barge_in_cancels_a_cancel_policy_tool(store_url: str, session_i
         events = await logged(ct, session_id)
     (output,) = sent(model, RealtimeModelSendToolOutput)
     assert "cancelled by the interruption" in output.output
-    assert _events(events, "tool.cancelled") == [{"call": "c1", "reason": "interrupted", "outcome": "unknown"}]
+    assert data_of(events, "tool.cancelled") == [{"call": "c1", "reason": "interrupted", "outcome": "unknown"}]
 
 
 async def test_a_call_of_a_cancelled_response_never_runs(store_url: str, session_id: str) -> None:
@@ -273,8 +264,8 @@ async def test_a_call_of_a_cancelled_response_never_runs(store_url: str, session
         events = await logged(ct, session_id)
     assert calls == []
     assert sent(model, RealtimeModelSendToolOutput)[0].output == NOT_RUN
-    assert not _events(events, "tool.call") and not _events(events, "tool.started")
-    assert _events(events, "x.realtime.discarded_calls")[0]["calls"] == [{"call": "c1", "name": "book"}]
+    assert not data_of(events, "tool.call") and not data_of(events, "tool.started")
+    assert data_of(events, "x.realtime.discarded_calls")[0]["calls"] == [{"call": "c1", "name": "book"}]
 
 
 # -- restore --------------------------------------------------------------------------------------
@@ -346,7 +337,7 @@ async def test_a_dropped_call_restored_into_a_new_session_has_the_context_at_the
     assert runs == ["19:00"]  # once, in the first session
     assert sent(second, RealtimeModelSendToolOutput)[0].output == "booked for 19:00"
     assert [e.data["text"] for e in events if e.type == "user.text"] == ["A table for two at seven"]
-    assert _events(events, "session.resumed")[0]["epoch"] == 2
+    assert data_of(events, "session.resumed")[0]["epoch"] == 2
     assert shape(native)[:6] == BOOKED and shape(native)[6] == ("assistant", "Booked.", False)
 
 
@@ -404,9 +395,9 @@ async def test_a_session_the_provider_ends_is_renewed_with_the_running_tool_resu
         events = await logged(ct, session_id)
         native = (await ct.context(session_id)).native()
     assert calls == ["19:00", "finished"]
-    assert not _events(events, "tool.cancelled")
-    assert _events(events, "x.openai_agents.renewed") == [{"reason": "session_expired"}]
-    assert _events(events, "x.openai_agents.error") == [{"type": "invalid_request_error", "code": "session_expired"}]
+    assert not data_of(events, "tool.cancelled")
+    assert data_of(events, "x.openai_agents.renewed") == [{"reason": "session_expired"}]
+    assert data_of(events, "x.openai_agents.error") == [{"type": "invalid_request_error", "code": "session_expired"}]
     assert ("output", "c1", "booked for 19:00") in shape(native)
 
 
@@ -448,7 +439,7 @@ async def test_the_sdks_openai_transport_against_a_realtime_server(store_url: st
         server.got("conversation.item.create", type="function_call_output")[0]["item"]["output"] == "booked for 19:00"
     )
     assert server.got("conversation.item.truncate")[0]["audio_end_ms"] == 1500
-    assert not _events(events, "x.openai_agents.error")
+    assert not data_of(events, "x.openai_agents.error")
     assert shape(native) == BOOKED
 
 
@@ -511,6 +502,6 @@ async def test_a_handoff_is_recorded_with_the_new_agents_instructions(store_url:
             await until(lambda: sent(model, RealtimeModelSendToolOutput))
         events = await logged(ct, session_id)
         native = (await ct.context(session_id)).native()
-    (handoff,) = _events(events, "agent.handoff")
+    (handoff,) = data_of(events, "agent.handoff")
     assert handoff == {"from": "triage", "to": "billing", "instructions": "You answer billing questions."}
     assert native["agent"] == "billing" and native["items"][0]["content"] == "You answer billing questions."
