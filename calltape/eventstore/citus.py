@@ -39,7 +39,7 @@ Tenants are kept apart by the database, as on one node, with two changes:
   checked on the worker that holds both, deferred to the commit, about 7 µs a row (a 40,000-row insert
   on this cluster), against a Citus append's milliseconds. A shard-aware trigger (as the erasure guard
   is) would cost a PL/pgSQL call and a dynamic query per row. The key skips rows whose tenant is NULL,
-  so a connection without a tenant can still add rows under a tenant's session id (stated in the README).
+  so a connection without a tenant can still add rows under a tenant's session id (stated in docs/operations/citus.md).
 - **The tenant travels with each transaction.** The policies run on the workers, and the setting
   ``calltape.tenant`` a calltape connection starts with is the coordinator's alone: a worker reads no
   tenant. A store held to a tenant begins every transaction with ``SET LOCAL`` of it, which Citus
