@@ -6,7 +6,6 @@ Heavy modules (the store, SQLAlchemy, the projections) are imported inside funct
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -19,12 +18,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import typer
-from rich.console import Console
 
 from calltape.canonical_json import json_text
 from calltape.errors import CalltapeError, CliError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from calltape.eventstore import EventStore
 
 T = TypeVar("T")
@@ -56,6 +56,8 @@ def _console(stderr: bool = False) -> Console:
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
     # markup=False: session ids, agent names and messages are user data; "[/x]" in one must print as
     # itself, never be parsed as a style tag (styles are applied with Text and style= only).
+    from rich.console import Console  # here: `calltape --help` and `--version` print without rich
+
     return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False, markup=False)
 
 
@@ -97,6 +99,8 @@ def note(message: str) -> None:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Runs a command's coroutine to completion (one event loop per command)."""
+    import asyncio  # here, not at start-up: `calltape --help` and `--version` need no event loop
+
     return asyncio.run(coro)
 
 
