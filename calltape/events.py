@@ -682,6 +682,16 @@ def _dump_data(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def unknown_type(event_type: str) -> InvalidEvent:
+    """The error for a type that is neither one of the 22 nor an extension, naming the nearest type
+    when there is one (a typo: ``user.transcrpt``)."""
+    import difflib
+
+    nearest = difflib.get_close_matches(event_type, DATA_MODELS, n=1, cutoff=0.75)
+    hint = f"; did you mean '{nearest[0]}'?" if nearest else ""
+    return InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions){hint}")
+
+
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks one event's ``data`` against its type; returns the normalized dict."""
     plain = _PLAIN_DATA.get(event_type)
@@ -693,7 +703,7 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
     if model is None:
         if is_extension(event_type):
             return dict(data or {})
-        raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
+        raise unknown_type(event_type)
     try:
         return _dump_data(model.model_validate(data or {}))
     except ValidationError as exc:
@@ -968,7 +978,7 @@ def parse_event(obj: Any) -> Event:
     if not isinstance(event_type, str):
         raise InvalidEvent("'type' is missing" if event_type is None else "'type' must be a string")
     if _discriminate(obj) is None:
-        raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
+        raise unknown_type(event_type)
     return check_event(_parse_union(obj, event_type))
 
 

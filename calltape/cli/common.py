@@ -127,8 +127,14 @@ def ensure_exists(url: str) -> None:
                 f"there is no calltape database yet at '{path}' (the embedded default): "
                 "`calltape import FILE` or `calltape demo` creates it"
             )
+        from calltape.eventstore.connect import absolute_hint, check_relative_sqlite
+
+        check_relative_sqlite(url)
+        relative = ""
+        if not path.is_absolute():
+            relative = f", a path relative to the current directory ({absolute_hint(str(path))})"
         raise CliError(
-            f"there is no calltape database at '{path}': check the path "
+            f"there is no calltape database at '{path}'{relative}: check the path "
             "(`calltape import` or `calltape db upgrade` creates one)"
         )
     if path.is_dir():

@@ -80,7 +80,7 @@ from calltape.eventstore.append_plan import AppendPlan, SessionInfo
 from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.queries import dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import FeedPosition
+from calltape.eventstore.store import FeedPosition, checked_batch
 from calltape.eventstore.tenancy import CHANNEL, SETTING, channel, refuse_foreign
 from calltape.eventstore.writer import Key
 
@@ -802,6 +802,7 @@ class CitusEventStore(PostgresEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         """Appends ``events`` in one transaction per worker, one statement per shard (see the module);
         returns the stored events."""
+        events = checked_batch(events)
         sessions = {e.session for e in events}
         if len(sessions) < 2 or expected_seq is not None:  # (expected_seq refuses several sessions)
             return await super().append(events, expected_seq=expected_seq)
