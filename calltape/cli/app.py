@@ -390,7 +390,7 @@ def _show_version(value: bool) -> None:
 def installed_version() -> str:
     """The version of the calltape package running (``calltape.__version__``, the distribution's own;
     importlib.metadata would cost ``--version`` a tenth of its start-up)."""
-    from calltape import __version__
+    from calltape.version import __version__
 
     return __version__
 

@@ -100,7 +100,7 @@ def test_an_option_name_means_one_thing() -> None:
 
 def test_the_version_is_the_packages() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert f'version = "{calltape.__version__}"' in pyproject
+    assert f'version = "{calltape.__version__}"' in pyproject  # one version: the distribution's
     assert cli_app.installed_version() == calltape.__version__
 
 
