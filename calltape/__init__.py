@@ -116,7 +116,7 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__version__ = "0.1.0"
+from calltape.version import __version__  # noqa: E402  (a leaf module: the CLI reads it too)
 
 __all__ = [
     "AlreadyResumed",

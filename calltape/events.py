@@ -740,6 +740,16 @@ def _unserializable(exc: Exception) -> InvalidEvent:
     return InvalidEvent("'data' holds a value that cannot be written as JSON")
 
 
+def unknown_type(event_type: str) -> InvalidEvent:
+    """The error for a type that is neither a known type nor an extension, naming the nearest type
+    when there is one (a typo: ``user.transcrpt``)."""
+    import difflib
+
+    nearest = difflib.get_close_matches(event_type, DATA_MODELS, n=1, cutoff=0.75)
+    hint = f"; did you mean '{nearest[0]}'?" if nearest else ""
+    return InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions){hint}")
+
+
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks one event's ``data`` against its type; returns the normalized dict. Anything wrong is an
     :class:`~calltape.errors.InvalidEvent` whose one sentence names where, never the value."""
@@ -752,7 +762,7 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
     if model is None:
         if is_extension(event_type):
             return dict(data or {})
-        raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
+        raise unknown_type(event_type)
     _check_loose(data or {}, 0)
     try:
         return _dump_data(model.model_validate(data or {}))
@@ -1041,7 +1051,7 @@ def parse_event(obj: Any) -> Event:
     if not isinstance(event_type, str):
         raise InvalidEvent("'type' is missing" if event_type is None else "'type' must be a string")
     if _discriminate(obj) is None:
-        raise InvalidEvent(f"unknown event type '{event_type}' (use 'x.<name>' for extensions)")
+        raise unknown_type(event_type)
     return check_event(_parse_union(obj, event_type))
 
 

@@ -18,10 +18,7 @@ from typing import Any
 from livekit.agents import Agent, AgentSession, RunContext, function_tool
 
 import calltape
-from calltape.adapters.livekit import attach, guarded, rehydrate
-from calltape.eventstore import open_store
-from calltape.eventstore.recorder import Recorder
-from calltape.runtime import CallSession
+from calltape.adapters.livekit import guarded, rehydrate, start
 from calltape.testing.livekit import Call, Say, ScriptedLLM  # offline stand-in for the LLM service
 
 
@@ -43,35 +40,28 @@ class Concierge(Agent):
 
 
 async def main() -> None:
-    store = await open_store(f"sqlite:///{tempfile.mkdtemp()}/calltape.db")
-    recorder = await Recorder(store).start()
     session: AgentSession[Any] = AgentSession(
         llm=ScriptedLLM([[Say("One moment."), Call("book", "call_1", {"when": "7pm"})], [Say("Parking is free.")]])
     )
+    async with calltape.connect(f"sqlite:///{tempfile.mkdtemp()}/calltape.db") as ct:
+        # attach calltape: this line replaces `await session.start(agent)` (in a worker: room=ctx.room)
+        tap = await start(session, Concierge(), ct, call_id="demo-call")
 
-    agent = Concierge()
-    # attach calltape: these two lines
-    call = await CallSession.start(recorder, "demo-call", agent=agent.id, instructions="You book tables.")
-    tap = attach(session, call)
-    await session.start(agent)
+        session.generate_reply(user_input="Book a table at 7pm.")
+        await asyncio.sleep(0.1)
+        session.interrupt()  # the caller barges in while the booking runs
+        await session.generate_reply(user_input="Is there parking?")
+        await asyncio.sleep(0.6)  # the booking result lands after the barge-in
 
-    session.generate_reply(user_input="Book a table at 7pm.")
-    await asyncio.sleep(0.1)
-    session.interrupt()  # the caller barges in while the booking runs
-    await session.generate_reply(user_input="Is there parking?")
-    await asyncio.sleep(0.6)  # the booking result lands after the barge-in
+        print("calltape context (OpenAI format):")
+        print(json.dumps(tap.call.context("openai"), indent=2))
 
-    print("calltape context (OpenAI format):")
-    print(json.dumps(call.context("openai"), indent=2))
+        # a second agent without the `book` tool still sees the booking
+        billing = await rehydrate(Agent(instructions="You handle billing."), tap.call.context())
+        print("\nseeded agent's items:", [item.type for item in billing.chat_ctx.items])
 
-    # a second agent without the `book` tool still sees the booking
-    billing = await rehydrate(Agent(instructions="You handle billing."), call.context())
-    print("\nseeded agent's items:", [item.type for item in billing.chat_ctx.items])
-
-    await session.aclose()
-    await tap.drain()
-    await recorder.close()
-    await store.close()
+        await session.aclose()
+        await tap.drain()
 
 
 if __name__ == "__main__":

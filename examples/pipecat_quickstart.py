@@ -38,10 +38,8 @@ from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import Speec
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
-from calltape.adapters.pipecat import CalltapeObserver, register_function, seed_llm_context
-from calltape.eventstore import open_store
-from calltape.eventstore.recorder import Recorder
-from calltape.runtime import CallSession, ToolSpec
+from calltape.adapters.pipecat import attach, connect, seed_llm_context
+from calltape.runtime import ToolSpec
 
 INSTRUCTIONS = "You are the order desk. Look orders up before answering."
 
@@ -84,14 +82,6 @@ async def lookup_order(params: FunctionCallParams) -> None:
 
 
 async def main() -> None:
-    db = Path(tempfile.mkdtemp()) / "calltape.db"
-    store = await open_store(f"sqlite:///{db}")
-    recorder = Recorder(store)
-    await recorder.start()
-    call = await CallSession.start(
-        recorder, "call-42", agent="orders", instructions=INSTRUCTIONS, modality="text", framework="pipecat"
-    )
-
     llm = ScriptedLLM()
     context = LLMContext(messages=[{"role": "system", "content": INSTRUCTIONS}])
     pair = LLMContextAggregatorPair(
@@ -100,38 +90,33 @@ async def main() -> None:
             user_turn_strategies=UserTurnStrategies(stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.05)])
         ),
     )
-    register_function(llm, call, "lookup_order", lookup_order, spec=ToolSpec(timeout=5))  # calltape
-    worker = PipelineWorker(
-        Pipeline([pair.user(), llm, pair.assistant()]),
-        observers=[CalltapeObserver(call)],  # calltape
-        idle_timeout_secs=None,
-        enable_rtvi=False,
-    )
+    worker = PipelineWorker(Pipeline([pair.user(), llm, pair.assistant()]), idle_timeout_secs=None, enable_rtvi=False)
 
-    runner = WorkerRunner()
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.2)  # let the pipeline start
-    await worker.queue_frames(
-        [
-            VADUserStartedSpeakingFrame(),
-            TranscriptionFrame("Where is order 42?", "caller", "now"),
-            VADUserStoppedSpeakingFrame(),
-        ]
-    )
-    await asyncio.sleep(1.0)
-    await worker.queue_frame(EndFrame())
-    await running
-    await recorder.flush()
+    async with connect(f"sqlite:///{Path(tempfile.mkdtemp()) / 'calltape.db'}") as ct:  # calltape
+        tools = {"lookup_order": ToolSpec(timeout=5)}
+        call = await attach(ct, worker, "call-42", agent="orders", tools=tools)  # calltape
+        llm.register_function("lookup_order", lookup_order)  # Pipecat's own call: guarded since attach
 
-    print("calltape's context (OpenAI format):")
-    print(json.dumps(call.context("openai"), indent=2))
-    # A new pipeline (resume, handoff) starts from the settled log, never from IN_PROGRESS:
-    seeded = seed_llm_context(call)
-    print(f"\nseeded a new LLMContext with {len(seeded.get_messages())} messages")
+        runner = WorkerRunner()
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
+        await asyncio.sleep(0.2)  # let the pipeline start
+        await worker.queue_frames(
+            [
+                VADUserStartedSpeakingFrame(),
+                TranscriptionFrame("Where is order 42?", "caller", "now"),
+                VADUserStoppedSpeakingFrame(),
+            ]
+        )
+        await asyncio.sleep(1.0)
+        await worker.queue_frame(EndFrame())
+        await running
 
-    await recorder.close()
-    await store.close()
+        print("calltape's context (OpenAI format):")
+        print(json.dumps(call.context("openai"), indent=2))
+        # A new pipeline (resume, handoff) starts from the settled log, never from IN_PROGRESS:
+        seeded = seed_llm_context(call)
+        print(f"\nseeded a new LLMContext with {len(seeded.get_messages())} messages")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ class _Printer:
 def check(
     ctx: typer.Context,
     sessions: Annotated[
-        list[str] | None, typer.Argument(metavar="[SESSION]...", help="Sessions (calls) to check.", show_default=False)
+        list[str] | None, typer.Argument(metavar="SESSION", help="Sessions (calls) to check.", show_default=False)
     ] = None,
     files: Annotated[
         list[str] | None,
@@ -105,7 +105,9 @@ def check(
     ] = None,
     talk_over_ms: Annotated[
         int,
-        typer.Option("--talk-over-ms", min=0, help="talk-over: how long the playout may run on after a barge-in."),
+        typer.Option(
+            "--talk-over-ms", min=0, metavar="MS", help="talk-over: how long the playout may run on after a barge-in."
+        ),
     ] = 500,
     stale_after: Annotated[
         str,
@@ -113,15 +115,16 @@ def check(
     ] = "10m",
     jobs: Annotated[
         int,
-        typer.Option("--jobs", "-j", min=0, help="Worker processes for a large sweep (0: one per CPU core)."),
+        typer.Option(
+            "--jobs", "-j", min=0, metavar="N", help="Worker processes for a large sweep (0: one per CPU core)."
+        ),
     ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of violations.")] = False,
 ) -> None:
-    """Check recorded calls for barge-in bugs: orphan calls, late starts, double runs, zombie writes,
-    talk-over, late tokens, unsettled drops and slow tools.
+    """Check recorded calls for barge-in bugs; one line per violation.
 
-    Prints one line per violation: SESSION seq RULE: sentence. Exit status: 0 no violations,
-    1 violations found, 2 usage error.
+    The rules: orphan calls, late starts, double runs, zombie writes, talk-over, late tokens,
+    unsettled drops and slow tools. Prints one line per violation: SESSION seq RULE: sentence.
     """
     from calltape.checks import RULES, CheckOptions
     from calltape.errors import CheckInputError

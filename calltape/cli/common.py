@@ -6,7 +6,6 @@ Heavy modules (the store, SQLAlchemy, the projections) are imported inside funct
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -19,12 +18,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import typer
-from rich.console import Console
 
 from calltape.canonical_json import json_text
 from calltape.errors import CalltapeError, CliError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from calltape.errors import ImportRefused
     from calltape.events import Event
     from calltape.eventstore import EventStore
@@ -58,6 +58,8 @@ def _console(stderr: bool = False) -> Console:
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
     # markup=False: session ids, agent names and messages are user data; "[/x]" in one must print as
     # itself, never be parsed as a style tag (styles are applied with Text and style= only).
+    from rich.console import Console  # here: `calltape --help` and `--version` print without rich
+
     return Console(stderr=stderr, width=width, highlight=False, soft_wrap=False, markup=False)
 
 
@@ -99,6 +101,8 @@ def note(message: str) -> None:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Runs a command's coroutine to completion (one event loop per command)."""
+    import asyncio  # here, not at start-up: `calltape --help` and `--version` need no event loop
+
     return asyncio.run(coro)
 
 
@@ -125,8 +129,14 @@ def ensure_exists(url: str) -> None:
                 f"there is no calltape database yet at '{path}' (the embedded default): "
                 "`calltape import FILE` or `calltape demo` creates it"
             )
+        from calltape.eventstore.connect import absolute_hint, check_relative_sqlite
+
+        check_relative_sqlite(url)
+        relative = ""
+        if not path.is_absolute():
+            relative = f", a path relative to the current directory ({absolute_hint(str(path))})"
         raise CliError(
-            f"there is no calltape database at '{path}': check the path "
+            f"there is no calltape database at '{path}'{relative}: check the path "
             "(`calltape import` or `calltape db upgrade` creates one)"
         )
     if path.is_dir():

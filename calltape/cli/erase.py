@@ -14,7 +14,7 @@ from calltape.errors import CliError
 
 def delete(
     ctx: typer.Context,
-    sessions: Annotated[list[str], typer.Argument(metavar="SESSION...", help="The sessions to erase.")],
+    sessions: Annotated[list[str], typer.Argument(metavar="SESSION", help="The sessions to erase.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Counts as JSON.")] = False,
 ) -> None:

@@ -67,13 +67,22 @@ def _session_json(info: SessionInfo) -> dict[str, Any]:
 
 def sessions(
     ctx: typer.Context,
-    agent: Annotated[str | None, typer.Option(help="Only sessions whose current agent is this one.")] = None,
-    tenant: Annotated[
-        str | None, typer.Option(help="Only this tenant's sessions (a filter; `calltape --tenant` opens one).")
+    agent: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Only sessions whose current agent is this one.")
+    ] = None,
+    of_tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--of-tenant",
+            metavar="NAME",
+            help="Only this tenant's sessions: a filter over what the store shows (with --all-tenants, any "
+            "tenant's); --tenant opens the store for one tenant.",
+        ),
     ] = None,
     status: Annotated[
         str | None,
         typer.Option(
+            metavar="STATUS",
             help="Only sessions in this status: active, ended or dropped.",
             callback=one_of("active", "ended", "dropped"),
             autocompletion=completer("active", "ended", "dropped"),
@@ -89,13 +98,14 @@ def sessions(
     sort: Annotated[
         str,
         typer.Option(
+            metavar="FIELD",
             help="Sort by: last (latest event), first (start), session (id) or events (count).",
             callback=one_of(*_SORT_KEYS),
             autocompletion=completer(*_SORT_KEYS),
         ),
     ] = "last",
     ascending: Annotated[bool, typer.Option("--asc/--desc", help="Sort order.")] = False,
-    limit: Annotated[int, typer.Option(min=0, help="At most this many sessions (0: all).")] = 50,
+    limit: Annotated[int, typer.Option(min=0, metavar="N", help="At most this many sessions (0: all).")] = 50,
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """List sessions with their summary: agent, tenant, status, events, epoch, times."""
@@ -106,7 +116,7 @@ def sessions(
         async with opened_store(ctx) as store:
             return await store.sessions(
                 agent=agent,
-                tenant=tenant,
+                tenant=of_tenant,
                 status=status,
                 since_ms=since_ms,
                 until_ms=until_ms,
@@ -186,7 +196,9 @@ def context(
     ctx: typer.Context,
     session: Annotated[str, typer.Argument(metavar="SESSION", help="The session (call) id.")],
     at: Annotated[str | None, typer.Option("--at", metavar="N|TIME|+SECONDS", help=AT_HELP)] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP, autocompletion=complete_format)] = "native",
+    format: Annotated[
+        str, typer.Option("--format", "-f", metavar="FORMAT", help=FORMAT_HELP, autocompletion=complete_format)
+    ] = "native",
     json_out: Annotated[
         bool, typer.Option("--json", help="Accepted for uniformity: the output is always JSON.")
     ] = False,
@@ -300,20 +312,22 @@ _OP_STYLE = {"=": "dim", "~": "yellow", "-": "red", "+": "green"}
 
 def diff(
     ctx: typer.Context,
-    a: Annotated[str, typer.Argument(metavar="A", help="A session.")],
+    a: Annotated[str, typer.Argument(metavar="SESSION", help="A session.")],
     b: Annotated[
         str | None,
-        typer.Argument(metavar="B", help="Another session; without it, A is compared with itself at --vs-at."),
+        typer.Argument(
+            metavar="OTHER", help="Another session; without it, SESSION is compared with itself at --vs-at."
+        ),
     ] = None,
     at: Annotated[
-        str | None, typer.Option("--at", metavar="N|TIME|+SECONDS", help="Instant of A (default: its end).")
+        str | None, typer.Option("--at", metavar="N|TIME|+SECONDS", help="Instant of SESSION (default: its end).")
     ] = None,
     vs_at: Annotated[
         str | None,
         typer.Option(
             "--vs-at",
             metavar="M|TIME|+SECONDS",
-            help="Instant of B, or of A again when B is not given (default: the same as --at).",
+            help="Instant of OTHER, or of SESSION again when OTHER is not given (default: the same as --at).",
         ),
     ] = None,
     all_items: Annotated[bool, typer.Option("--all", help="Also list the items that are the same.")] = False,
@@ -325,10 +339,9 @@ def diff(
     right), followed by a summary of event counts, interruptions and tool outcomes. Like diff(1),
     the exit status is 0 when the contexts are the same and 1 when they differ.
 
-    Examples: calltape diff call-1 call-1-replay · calltape diff call-1 --at 12 --vs-at 30
     """
     if b is None and vs_at is None:
-        raise CliError("give a second session B, or --vs-at to compare A with itself at another instant")
+        raise CliError("give a second session, or --vs-at to compare the session with itself at another instant")
     right_session = b if b is not None else a
     right_at = vs_at if vs_at is not None else at
 

@@ -190,7 +190,9 @@ def resume(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan without appending anything (no fencing either).")
     ] = False,
-    format: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP, autocompletion=complete_format)] = "native",
+    format: Annotated[
+        str, typer.Option("--format", "-f", metavar="FORMAT", help=FORMAT_HELP, autocompletion=complete_format)
+    ] = "native",
     idempotent: Annotated[
         list[str] | None,
         typer.Option(
@@ -260,18 +262,27 @@ def stats(
     session: Annotated[
         str | None, typer.Argument(metavar="SESSION", help="One session (default: totals over sessions).")
     ] = None,
-    agent: Annotated[str | None, typer.Option(help="Totals: only this agent's sessions.")] = None,
-    tenant: Annotated[str | None, typer.Option(help="Totals: only this tenant's sessions (a filter).")] = None,
+    agent: Annotated[str | None, typer.Option(metavar="NAME", help="Totals: only this agent's sessions.")] = None,
+    of_tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--of-tenant",
+            metavar="NAME",
+            help="Totals: only this tenant's sessions (a filter; --tenant opens the store for one tenant).",
+        ),
+    ] = None,
     since: Annotated[
         str | None, typer.Option(metavar="WHEN", help="Totals: sessions active since WHEN (RFC 3339, date, 2h, 7d).")
     ] = None,
     until: Annotated[str | None, typer.Option(metavar="WHEN", help="Totals: sessions begun by WHEN.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Figures from the log: events, interruptions, tool outcomes and durations, effects by name and
-    outcome, drops, resumes, handoffs, the recoveries calltape performed (late results delivered, duplicates prevented,
-    fenced writes, timeouts, …), and the voice latencies (p50/p95/p99): user stopped speaking to
-    agent speech, interruption to agent silent, reply to first text, and tool durations by name."""
+    """Figures from the log: counts, tool outcomes, effects, recoveries and the voice latencies of a call or many.
+
+    Events, interruptions, tool outcomes and durations, effects by name and outcome, drops, resumes,
+    handoffs, the recoveries calltape performed (late results delivered, duplicates prevented, fenced
+    writes, timeouts, …), and the voice latencies (p50/p95/p99): user stopped speaking to agent speech,
+    interruption to agent silent, reply to first text, and tool durations by name."""
     since_ms = parse_when(since, "--since") if since else None
     until_ms = parse_when(until, "--until") if until else None
 
@@ -284,7 +295,7 @@ def stats(
             if session is not None:
                 await require_session(store, session)
                 return session_stats(await store.read(session))
-            infos = await store.sessions(agent=agent, tenant=tenant, since_ms=since_ms, until_ms=until_ms)
+            infos = await store.sessions(agent=agent, tenant=of_tenant, since_ms=since_ms, until_ms=until_ms)
             figures = []
             latencies = Latencies()
             with meter("reading sessions", len(infos), count=True) as bar:
@@ -366,9 +377,11 @@ def _print_latencies(latency: dict[str, Any]) -> None:
 
 def serve(
     ctx: typer.Context,
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8787,
-    session_prefix: Annotated[str, typer.Option(help="Prefix for the session ids of received calls.")] = "",
+    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, metavar="PORT", help="Port to listen on (1 to 65535).")] = 8787,
+    session_prefix: Annotated[
+        str, typer.Option(metavar="PREFIX", help="Prefix for the session ids of received calls.")
+    ] = "",
     allow_unsigned: Annotated[
         bool, typer.Option("--allow-unsigned", help="Accept webhooks without a verifiable signature (local testing).")
     ] = False,
@@ -382,15 +395,18 @@ def serve(
     log_level: Annotated[
         str,
         typer.Option(
-            help="Server log level.",
+            metavar="LEVEL",
+            help="Server log level: critical, error, warning, info or debug.",
             callback=one_of("critical", "error", "warning", "info", "debug"),
             autocompletion=completer("critical", "error", "warning", "info", "debug"),
         ),
     ] = "info",
 ) -> None:
-    """Receive Vapi, Retell, Bland, ElevenLabs and Ultravox webhooks and record the calls (POST /vapi,
-    /retell, /bland, /elevenlabs, /ultravox); GET /metrics gives the voice latency figures of every
-    call in the store, from the server's start, as Prometheus histograms.
+    """Receive the hosted platforms' webhooks and record the calls; serve metrics and timelines.
+
+    POST /vapi, /retell, /bland, /elevenlabs, /ultravox record the calls; GET /metrics gives counts of
+    what the calls do, check findings and the voice latency figures, from the server's start, for
+    Prometheus.
 
     Secrets come from the environment, never the command line: CALLTAPE_VAPI_SECRET,
     CALLTAPE_VAPI_BEARER, CALLTAPE_VAPI_HMAC_SECRET, CALLTAPE_RETELL_API_KEY, CALLTAPE_BLAND_SECRET,
@@ -434,8 +450,11 @@ def serve(
 
 
 def demo(ctx: typer.Context) -> None:
-    """A two-minute story, offline, on the embedded database: a barge-in during a booking tool,
-    a crash, a resume on a new agent, a fenced zombie write; then the commands to inspect it."""
+    """One bad call's story, offline, in a few seconds: barge-in, crash, resume, fenced zombie.
+
+    On the embedded database (or --db): a barge-in during a booking tool, a naive context against
+    calltape's, a crash, a resume on a new agent, a fenced zombie write; then the commands to
+    inspect the call it recorded."""
     from calltape.demo import run_demo
 
     url = database_url(ctx)

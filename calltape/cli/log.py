@@ -224,9 +224,11 @@ def import_events(
     ctx: typer.Context,
     files: Annotated[
         list[str],
-        typer.Argument(metavar="FILE...", help="JSON Lines files of events (plain or gzip); '-' reads standard input."),
+        typer.Argument(metavar="FILE", help="JSON Lines files of events (plain or gzip); '-' reads standard input."),
     ],
-    batch: Annotated[int, typer.Option(min=1, help="Events per write inside the one import transaction.")] = BATCH,
+    batch: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Events per write inside the one import transaction (at least 1).")
+    ] = BATCH,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON counts (imported, skipped, sessions).")] = False,
     allow_after_resume: Annotated[
         bool,
@@ -355,7 +357,7 @@ def _session_file(name: str) -> list[str]:
 def export_events(
     ctx: typer.Context,
     sessions: Annotated[
-        list[str] | None, typer.Argument(metavar="SESSION...", help="The sessions (call ids) to export.")
+        list[str] | None, typer.Argument(metavar="SESSION", help="The sessions (call ids) to export.")
     ] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="Export every session.")] = False,
     since: Annotated[

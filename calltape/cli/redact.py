@@ -11,7 +11,7 @@ from calltape.cli.common import opened_store, out, run, write_json
 
 def redact(
     ctx: typer.Context,
-    sessions: Annotated[list[str], typer.Argument(metavar="SESSION...", help="The sessions to rewrite.")],
+    sessions: Annotated[list[str], typer.Argument(metavar="SESSION", help="The sessions to rewrite.")],
     kinds: Annotated[
         str,
         typer.Option("--kinds", metavar="KINDS", help="Comma-separated: card, email, phone, ssn, or all."),

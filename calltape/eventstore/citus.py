@@ -39,7 +39,7 @@ Tenants are kept apart by the database, as on one node, with two changes:
   checked on the worker that holds both, deferred to the commit, about 7 µs a row (a 40,000-row insert
   on this cluster), against a Citus append's milliseconds. A shard-aware trigger (as the erasure guard
   is) would cost a PL/pgSQL call and a dynamic query per row. The key skips rows whose tenant is NULL,
-  so a connection without a tenant can still add rows under a tenant's session id (stated in the README).
+  so a connection without a tenant can still add rows under a tenant's session id (stated in docs/operations/citus.md).
 - **The tenant travels with each transaction.** The policies run on the workers, and the setting
   ``calltape.tenant`` a calltape connection starts with is the coordinator's alone: a worker reads no
   tenant. A store held to a tenant begins every transaction with ``SET LOCAL`` of it, which Citus
@@ -80,7 +80,7 @@ from calltape.eventstore.append_plan import AppendPlan, SessionInfo
 from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.queries import dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import FeedPosition
+from calltape.eventstore.store import FeedPosition, checked_batch
 from calltape.eventstore.tenancy import CHANNEL, SETTING, channel, refuse_foreign
 from calltape.eventstore.writer import Key
 
@@ -802,6 +802,7 @@ class CitusEventStore(PostgresEventStore):
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
         """Appends ``events`` in one transaction per worker, one statement per shard (see the module);
         returns the stored events."""
+        events = checked_batch(events)
         sessions = {e.session for e in events}
         if len(sessions) < 2 or expected_seq is not None:  # (expected_seq refuses several sessions)
             return await super().append(events, expected_seq=expected_seq)

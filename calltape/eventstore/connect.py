@@ -70,6 +70,29 @@ def resolve_url(url: str | None = None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def absolute_hint(database: str) -> str:
+    """How to write ``database`` (a path an SQLite URL gives relative to the current directory) as the
+    absolute path it may have meant: ``sqlite:///`` and three slashes is relative, four is absolute."""
+    return f"an absolute path takes four slashes: sqlite:////{database.lstrip('/')}"
+
+
+def check_relative_sqlite(url: str) -> None:
+    """Refuses an SQLite URL whose relative path names a directory the current one does not have:
+    ``sqlite:///data/calls.db`` is ``./data/calls.db``, and a missing ``./data`` most often means the
+    absolute ``/data/calls.db`` was meant (calltape would otherwise create a stray database here)."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", MEMORY) or database.startswith("file:"):
+        return
+    path = Path(database)
+    if path.is_absolute() or path.parent.is_dir():
+        return
+    raise CalltapeError(
+        f"the SQLite path '{database}' is relative to the current directory, which has no '{path.parent}' "
+        f"directory: {absolute_hint(database)}, or create the directory first"
+    )
+
+
 def is_memory(url: str) -> bool:
     """Whether ``url`` names SQLite's in-memory database (one private database per opened store)."""
     parsed = make_url(url)
@@ -235,6 +258,7 @@ async def open_store(
     role that bypasses row-level security.
     """
     resolved = resolve_url(url)
+    check_relative_sqlite(resolved)
     tenant = tenancy.resolve_tenant(tenant)
     everyone = tenant == tenancy.ALL_TENANTS
     if everyone:

@@ -24,7 +24,7 @@ from calltape.eventstore.append_plan import AppendPlan, SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, ROW_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import ChangeWaiter, FeedPosition
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, checked_batch
 from calltape.eventstore.tenancy import (
     CHANNEL,
     ERASED,
@@ -339,6 +339,7 @@ class PostgresEventStore(SqlEventStore):
     # -- writing -----------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
+        events = checked_batch(events)
         if not events:
             return []
         events = admit(self._redact(events), self.tenant, self.all_tenants)

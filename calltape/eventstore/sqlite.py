@@ -41,7 +41,7 @@ from calltape.eventstore.queries import (
 )
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS, events, sessions
 from calltape.eventstore.sqlite_thread import ThreadDb, WriterThread, in_transaction, run_to_end
-from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter, checked_batch
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
 
@@ -358,6 +358,7 @@ class SqliteEventStore(SqlEventStore):
                 yield SqliteDb(conn)
 
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
+        events = checked_batch(events)
         if not events:
             return []
         events = admit(self._redact(events), self.tenant, self.all_tenants)

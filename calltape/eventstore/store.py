@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from calltape.backoff import Backoff
-from calltape.errors import StoreUnavailable
+from calltape.errors import InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.redaction import Redactor
@@ -90,6 +90,22 @@ class SleepWaiter(ChangeWaiter):
     async def wait(self, seconds: float) -> None:
         """Sleeps ``seconds``."""
         await asyncio.sleep(seconds)
+
+
+def checked_batch(events: object) -> Sequence[Event]:
+    """``events`` if it is a list of :class:`Event`; else one sentence naming what it got (its type and
+    position, never its content), where a dict would otherwise fail deep in the append."""
+    if isinstance(events, Event):
+        raise InvalidEvent("store.append takes a list of events and got one Event: pass [event]")
+    if isinstance(events, str | bytes | Mapping) or not isinstance(events, Sequence):
+        raise InvalidEvent(f"store.append takes a list of events and got a {type(events).__name__}")
+    for i, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise InvalidEvent(
+                f"store.append takes events and item {i} is a {type(event).__name__}, not an Event: "
+                "make it with calltape.make_event(...) or calltape.parse_event(...)"
+            )
+    return events
 
 
 class EventStore(ABC):

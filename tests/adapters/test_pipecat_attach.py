@@ -21,19 +21,18 @@ from calltape.errors import CalltapeError
 
 pytestmark = pytest.mark.pipecat
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "pipecat.md"
 
 
 def pipecat_attach_block() -> str:
-    text = README.read_text()
-    section = text[text.index("### Pipecat\n") : text.index("### LiveKit Agents\n")]
-    attach_part = section[section.index("#### Attach") :]
+    text = GUIDE.read_text()
+    attach_part = text[text.index("## Attach") :]
     match = re.search(r"```python\n(.*?)```", attach_part, re.S)
     assert match is not None
     return match.group(1)
 
 
-def test_the_readme_attach_is_three_lines_and_runs(tmp_path: Path) -> None:
+def test_the_guides_attach_is_three_lines_and_runs(tmp_path: Path) -> None:
     code = pipecat_attach_block()
     lines = [line.strip() for line in code.splitlines()]
     calltape_lines = [ln for ln in lines if "calltape" in ln or "connect(" in ln or "attach(" in ln]

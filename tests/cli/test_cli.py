@@ -197,7 +197,7 @@ def test_usage_errors(plain_cli: Cli, tmp_path: Path) -> None:
     assert_error(at_zero, "seqs start at 1")
     assert_error(fmt, "unknown context format 'xml'")
     assert_error(resume_fmt, "unknown context format 'xml'")
-    assert_error(diff_one, "give a second session B, or --vs-at")
+    assert_error(diff_one, "give a second session, or --vs-at")
     assert_error(status, "'sleeping' is not one of: active, ended, dropped")
     assert_error(since, "--since 'last tuesday' is not a time")
     assert_error(tail_from, "'soon' is not a feed position")

@@ -25,9 +25,9 @@ def test_latency_figures_per_session_and_across_sessions(cli: Cli, tmp_path: Pat
     a, _ = _import_two(cli, tmp_path, session_id)
     one, totals, table, totals_table = cli.many(
         ["--all-tenants", "stats", a, "--json"],
-        ["--all-tenants", "stats", "--tenant", session_id, "--json"],
+        ["--all-tenants", "stats", "--of-tenant", session_id, "--json"],
         ["--all-tenants", "stats", a],
-        ["--all-tenants", "stats", "--tenant", session_id],
+        ["--all-tenants", "stats", "--of-tenant", session_id],
     )
     assert one.code == 0 and one.err == "", one
     assert one.json()["latency_ms"] == SUMMARY_A

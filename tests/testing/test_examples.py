@@ -38,3 +38,29 @@ def test_the_livekit_example_passes() -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "1 passed" in done.stdout
     assert " runs in " in done.stdout
+
+
+def run_script(name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.pipecat
+def test_the_pipecat_quickstart_records_the_call_the_docs_way() -> None:
+    pytest.importorskip("pipecat")
+    done = run_script("pipecat_quickstart.py")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert '"content": "Order 42 shipped on Monday."' in done.stdout
+    assert '"content": "{\\"order\\":42,\\"status\\":\\"shipped\\"}"' in done.stdout  # the guarded tool's result
+    assert "seeded a new LLMContext with 5 messages" in done.stdout
+
+
+@pytest.mark.livekit
+def test_the_livekit_quickstart_records_the_call_the_docs_way() -> None:
+    pytest.importorskip("livekit.agents")
+    done = run_script("livekit_quickstart.py")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert '"content": "table booked for 7pm"' in done.stdout  # the result that landed after the barge-in
+    (seeded,) = [line for line in done.stdout.splitlines() if line.startswith("seeded agent's items:")]
+    assert "'function_call', 'function_call_output'" in seeded  # the second agent lacks `book`, keeps its call

@@ -44,4 +44,4 @@ SUPPORTED_VERSIONS = ">=1.6.5,<1.9"
 1.6.0-1.6.4 lack ``tool_execution_updated``, which the adapter needs to record a tool's start
 before its body runs and its real end after a progress update. Before 1.8 LiveKit cancels the
 tool execution of an interrupted turn and keeps none of its calls, so a ``finish`` guarded tool is
-cancelled with the turn and its output never reaches the live ``ChatContext`` (README, LiveKit)."""
+cancelled with the turn and its output never reaches the live ``ChatContext`` (docs/guides/livekit.md)."""
