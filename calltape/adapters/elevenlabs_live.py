@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from calltape.client import Calltape
     from calltape.runtime import CallSession
 
-__all__ = ["ClientToolError", "ElevenLabsTap", "tap_elevenlabs"]
+__all__ = ["ElevenLabsTap", "tap_elevenlabs"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ _RECORDED = frozenset(
 Handle = Callable[[str, dict[str, Any]], Coroutine[Any, Any, Any]]
 
 
-class ClientToolError(Exception):
+class _ClientToolError(Exception):
     """A guarded client tool ended in an error: the SDK sends its text to the agent as ``is_error``."""
 
 
@@ -141,7 +141,7 @@ class ElevenLabsTap:
             outcome = await asyncio.wrap_future(done)
             if outcome.status == "error":
                 error = outcome.output.get("error") if isinstance(outcome.output, dict) else None
-                raise ClientToolError(str(error or outcome.output))
+                raise _ClientToolError(str(error or outcome.output))
             return outcome.output
 
         client_tools.handle = guarded

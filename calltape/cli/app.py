@@ -170,7 +170,7 @@ COMMANDS: dict[str, Command] = {
         "calltape.cli.live",
         "stats",
         _INSPECT,
-        "Figures from the log: counts, tool outcomes, recoveries and the voice latencies of a call or many.",
+        "Figures from the log: counts, tool outcomes, effects, recoveries and the voice latencies of a call or many.",
         "calltape stats --agent triage --since 7d --json",
     ),
     "check": Command(
@@ -200,7 +200,7 @@ COMMANDS: dict[str, Command] = {
         "calltape.cli.live",
         "serve",
         _LIVE,
-        "Receive Vapi, Retell and Bland webhooks and record the calls; serve metrics and timelines.",
+        "Receive the hosted platforms' webhooks and record the calls; serve metrics and timelines.",
         "calltape serve --host 0.0.0.0 --port 8787",
     ),
     "demo": Command(

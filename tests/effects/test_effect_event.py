@@ -79,7 +79,8 @@ def test_import_export_and_show(cli: Cli, tmp_path: Path, session_id: str) -> No
     assert "★ effect charge 'order-7' → started [c1] · heard first" in shown.out, shown
     assert "★ effect charge 'order-7' → done [c1]" in shown.out, shown
     page = (tmp_path / "call.html").read_text()
-    assert html.code == 0 and 'data-lane="effect"' in page and "ct-effect ct-s-done" in page
+    # the page draws its items from the embedded records (only what is in view): an effect run, done
+    assert html.code == 0 and 'data-lane="effect"' in page and '"k":"effect"' in page and '"st":"done"' in page
 
 
 def test_the_picture_draws_each_run_of_an_effect() -> None:
