@@ -327,7 +327,7 @@ def _effect_start(
 ) -> EffectStartFact:
     call = fold.tool_call(str(data.get("call")))
     reply = fold.reply_state(call.reply) if call is not None else None
-    played = reply is not None and not (reply.interrupted or reply.generating or reply.awaiting_playout)
+    played = reply is not None and reply.played_out
     return EffectStartFact(
         seq=seq,
         name=str(data.get("name")),

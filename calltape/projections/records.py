@@ -207,6 +207,15 @@ class ReplyState:
     reported_heard: str | None = None
     """The latest ``heard`` given by an event, None when none was."""
 
+    @property
+    def played_out(self) -> bool:
+        """Played to its end uninterrupted (SPEC section 8): its speech ended, or, with nothing to play,
+        it is done. A step's reply whose speech ended counts even before it is done (LiveKit marks it
+        done only after the step's tools ran)."""
+        if self.interrupted:
+            return False
+        return self.speech_ended or not (self.generating or self.awaiting_playout)
+
 
 def call_state(c: Call) -> ToolCallState:
     """The public view of one call."""

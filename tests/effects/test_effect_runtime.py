@@ -107,6 +107,22 @@ async def test_heard_first_waits_for_the_announcement(store: EventStore, session
     assert await checked(store, session_id) == []
 
 
+async def test_an_announcement_heard_before_the_tool_asked_runs_at_once(store: EventStore, session_id: str) -> None:
+    """LiveKit marks a step's reply done only after its tools ran: a tool that asks once the
+    announcement has played must not wait for that (it would wait for itself)."""
+    bank = Bank()
+    async with live_call(store, session_id) as live:
+        call = live.call
+        reply(call, "r1", "Charging now.", ("c1", "charge_card", {"order": 7}), done=False)
+        played(call, "r1")
+        asked = call.run_tool("c1", "charge_card", {"order": 7}, charge_tool(bank, heard=True))
+        outcome = await asyncio.wait_for(asked, 5)
+        call.emit("agent.reply.done", {"reply": "r1"})
+        await call.end()
+    assert outcome.status == "completed" and bank.charges == ["order-7"]
+    assert await checked(store, session_id) == []
+
+
 async def test_a_barge_in_before_the_end_of_the_announcement_means_not_run(store: EventStore, session_id: str) -> None:
     bank = Bank()
     async with live_call(store, session_id) as live:

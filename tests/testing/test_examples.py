@@ -13,13 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(ROOT / "examples" / name)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=240"]
+    try:
+        return subprocess.run(
+            [*command, str(ROOT / "examples" / name)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+    except subprocess.TimeoutExpired as exc:  # show where it hung: the example's thread dump is on stderr
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
+        pytest.fail(f"{name} did not finish in {exc.timeout:g} s; its stderr ends:\n{stderr[-12000:]}")
 
 
 @pytest.mark.pipecat
