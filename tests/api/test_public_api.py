@@ -6,6 +6,8 @@ import subprocess
 import sys
 import typing
 
+import pytest
+
 import calltape
 from calltape.events import EVENT_TYPES, EventType
 from calltape.projections import FORMATS, ContextFormat, render
@@ -40,7 +42,6 @@ EXPECTED = {
     "SessionErased",
     "SessionInfo",
     "SessionNotFound",
-    "SessionTape",
     "StoreUnavailable",
     "TenantRefused",
     "ToolOutcome",
@@ -127,3 +128,21 @@ def test_the_call_hook_is_exported_by_the_runtime() -> None:
     assert {v.value for v in Verdict} == {"record", "hold", "discard"}
     for method in ("add_listener", "remove_listener", "intercept", "release", "reattach"):
         assert callable(getattr(calltape.CallSession, method)), method
+
+
+def test_the_old_session_tape_name_warns_and_still_works() -> None:
+    """``SessionTape`` left the public API (a live call's writer is ``CallSession``): the old name
+    keeps working for a while, with a DeprecationWarning at the user's line, from both places it
+    was imported from."""
+    import calltape.eventstore.recorder as recorder_module
+
+    with pytest.warns(DeprecationWarning, match="calltape.SessionTape is deprecated") as caught:
+        tape_class = calltape.SessionTape
+    assert caught[0].filename == __file__
+    assert tape_class is recorder_module._SessionTape
+    with pytest.warns(DeprecationWarning, match="CallSession"):
+        from calltape.eventstore.recorder import SessionTape
+    assert SessionTape is tape_class
+    assert "SessionTape" not in calltape.__all__ and "SessionTape" not in dir(calltape)
+    with pytest.raises(AttributeError):
+        _ = recorder_module.NoSuchName
