@@ -31,7 +31,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from calltape.backoff import Backoff
+from calltape._backoff import Backoff
 from calltape.errors import CalltapeError, StoreUnavailable
 from calltape.errors import DurableAppendTimeout as DurableAppendTimeout  # re-exported: public here since v0.1
 from calltape.errors import RecorderClosed as RecorderClosed

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from calltape.backoff import Backoff
+from calltape._backoff import Backoff
 from calltape.errors import InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo

@@ -146,3 +146,22 @@ def test_the_old_session_tape_name_warns_and_still_works() -> None:
     assert "SessionTape" not in calltape.__all__ and "SessionTape" not in dir(calltape)
     with pytest.raises(AttributeError):
         _ = recorder_module.NoSuchName
+
+
+def test_no_page_or_example_imports_a_private_module() -> None:
+    """Modules whose name starts with ``_`` (``calltape._backoff``, ``calltape.eventstore._sqlite_thread``,
+    ``calltape.adapters.pipecat._percall``) are calltape's own: what users read never imports them."""
+    import re
+    from pathlib import Path
+
+    root = Path(calltape.__file__).resolve().parents[1]
+    private = re.compile(r"\b(?:from|import)\s+calltape(?:\.\w+)*\._\w+")
+    pages = [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "examples").rglob("*.py")]
+    found = [str(p.relative_to(root)) for p in pages if private.search(p.read_text(encoding="utf-8"))]
+    assert found == []
+    assert private.search("from calltape.eventstore._sqlite_thread import ThreadDb")  # the pattern can match
+    assert sorted(p.name for p in (root / "calltape").rglob("_[a-z]*.py")) == [
+        "_backoff.py",
+        "_percall.py",
+        "_sqlite_thread.py",
+    ]

@@ -18,10 +18,10 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.transports.base_output import BaseOutputTransport
 
+from calltape.adapters.pipecat._percall import PipecatCall
 from calltape.adapters.pipecat.live import fix_after_aggregator
 from calltape.adapters.pipecat.messages import message_text
 from calltape.adapters.pipecat.observer import CalltapeObserver
-from calltape.adapters.pipecat.shared import PipecatCall
 from calltape.adapters.pipecat.tools import guard, unguarded_tools
 from calltape.client import Calltape
 from calltape.errors import CalltapeError

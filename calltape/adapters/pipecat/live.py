@@ -39,7 +39,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 
-from calltape.adapters.pipecat.shared import PipecatCall
+from calltape.adapters.pipecat._percall import PipecatCall
 from calltape.runtime.protocol import FoldedSink
 
 log = logging.getLogger("calltape.adapters.pipecat")

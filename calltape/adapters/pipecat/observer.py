@@ -49,9 +49,9 @@ from pipecat.processors.aggregators.llm_response_universal import LLMAssistantAg
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_output import BaseOutputTransport
 
+from calltape.adapters.pipecat._percall import PipecatCall, jsonable
 from calltape.adapters.pipecat.live import fix_after_aggregator
 from calltape.adapters.pipecat.messages import MessageRecorder
-from calltape.adapters.pipecat.shared import PipecatCall, jsonable
 from calltape.adapters.pipecat.user import MUTE_FRAMES, USER_INPUT, UserInput
 from calltape.adapters.replies import ReplyTracker
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall

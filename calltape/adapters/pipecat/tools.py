@@ -33,15 +33,15 @@ from pipecat.frames.frames import FunctionCallResultProperties
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
+from calltape.adapters.pipecat._percall import PipecatCall, consume, jsonable
 from calltape.adapters.pipecat.live import fix_before_inference
-from calltape.adapters.pipecat.shared import PipecatCall, consume, jsonable
 from calltape.errors import CalltapeError
 from calltape.runtime import LiveCall, ToolOutcome, ToolSpec
 
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
 
 _GUARD_ATTR = "_calltape_guard"
-"""Set on a guarded LLM service: the :class:`~.shared.PipecatCall` whose tools it runs."""
+"""Set on a guarded LLM service: the :class:`~._percall.PipecatCall` whose tools it runs."""
 
 log = logging.getLogger("calltape.adapters.pipecat")
 
