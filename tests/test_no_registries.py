@@ -14,7 +14,9 @@ PACKAGE = Path(calltape.__file__).parent
 _WEAK = {"WeakKeyDictionary", "WeakValueDictionary", "WeakSet"}
 
 KNOWN: dict[str, str] = {
-    "calltape/adapters/openai_agents.py": "a guarded tool finds its tap from the SDK's ToolContext by call id only",
+    "calltape/adapters/openai_agents.py": (
+        "_CALL_TAPS: guarded tools find their tap by call id (a ToolContext has no session)"
+    ),
 }
 """Registries still to go, each with why it is still there."""
 
