@@ -284,7 +284,7 @@ class EventStore(EventWriter, EventReader, StoreAdmin):
     (:class:`EventWriter`, :class:`EventReader`, :class:`StoreAdmin`) and the store's lifecycle.
 
     A backend subclasses it and passes :mod:`calltape.testing.store_conformance`; code that needs
-    one role only takes that role's type."""
+    one role only can take that role's type."""
 
     dialect: str
     url: str
