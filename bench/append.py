@@ -1,7 +1,7 @@
 """Writing: the recorder under 200 concurrent sessions, against raw asyncpg COPY and `eventsourcing`.
 
 * **Burst** (throughput, not the offered rate): every session's events are emitted round-robin as
-  fast as the loop can (one ``SessionTape.emit`` per session, then a yield to the event loop so the
+  fast as the loop can (one ``recorder.session(...).emit`` per session, then a yield to the event loop so the
   writer overlaps), then ``flush()``; events/s = events ÷ (first emit → everything committed).
   The batch sizes the recorder formed are captured and replayed by both baselines:
   - raw COPY: ``copy_records_to_table`` of the very rows calltape stored (read back from
@@ -419,7 +419,7 @@ async def floor_single_commit(store: EventStore, scratch: Scratch, *, count: int
 
 
 def emit_tight(count: int, seed: int) -> list[float]:
-    """``SessionTape.emit`` in a tight loop into a recorder whose writer is not running (pure CPU
+    """``recorder.session(...).emit`` in a tight loop into a recorder whose writer is not running (pure CPU
     cost of validation + enqueue), us per call."""
 
     class _NullStore:

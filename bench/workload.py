@@ -3,7 +3,7 @@ deltas and played out with progress cursors, tool calls with results (some landi
 barge-in), interruptions.
 
 A timeline is a list of ``(type, data)`` pairs; the recorder benchmarks emit them through
-``SessionTape.emit``, the read benchmarks append them with explicit times.
+``recorder.session(...).emit``, the read benchmarks append them with explicit times.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ repeating a tool call.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 # Every CLI call imports this package: names load on first use (PEP 562), so `calltape --help` does
@@ -45,7 +46,6 @@ _EXPORTS = {
     "open_store": "calltape.eventstore",
     "upgrade": "calltape.eventstore",
     "Recorder": "calltape.eventstore.recorder",
-    "SessionTape": "calltape.eventstore.recorder",
     "ContextFold": "calltape.projections",
     "ContextFormat": "calltape.projections",
     "build_context": "calltape.projections",
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     )
     from calltape.events import Event, EventType, make_event, parse_event
     from calltape.eventstore import EventStore, FeedPosition, SessionInfo, open_store, upgrade
-    from calltape.eventstore.recorder import Recorder, SessionTape
+    from calltape.eventstore.recorder import Recorder
     from calltape.projections import ContextFold, ContextFormat, build_context, render
     from calltape.runtime import (
         CallSession,
@@ -101,8 +101,18 @@ if TYPE_CHECKING:
     )
 
 
+_DEPRECATED = {"SessionTape": ("calltape.eventstore.recorder", "_SessionTape", "SESSION_TAPE_DEPRECATED")}
+"""Old public names (module, the private name now, the module's warning): each still loads, with a
+``DeprecationWarning`` on every use, and is neither in ``__all__`` nor in ``dir(calltape)``."""
+
+
 def __getattr__(name: str) -> Any:
     """Loads an exported name on first use (PEP 562)."""
+    if name in _DEPRECATED:
+        where, private, message = _DEPRECATED[name]
+        old = importlib.import_module(where)
+        warnings.warn(getattr(old, message), DeprecationWarning, stacklevel=2)
+        return getattr(old, private)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'calltape' has no attribute '{name}'")
@@ -148,7 +158,6 @@ __all__ = [
     "SessionErased",
     "SessionInfo",
     "SessionNotFound",
-    "SessionTape",
     "StoreUnavailable",
     "TenantRefused",
     "ToolOutcome",

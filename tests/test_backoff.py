@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calltape.backoff import Backoff
+from calltape._backoff import Backoff
 
 
 def test_delays_double_up_to_the_ceiling_and_reset() -> None:

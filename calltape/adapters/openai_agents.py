@@ -95,15 +95,16 @@ RENEW_ANCHOR = (
 
 FRAMEWORK = "openai-agents"
 
-# Sessions the tap is attached to, so restore/renew and guarded tools find it.
-_TAPS: weakref.WeakKeyDictionary[RealtimeSession, OpenAIAgentsTap] = weakref.WeakKeyDictionary()
+_TAP_ATTR = "_calltape_tap"
+"""Set on the ``RealtimeSession`` a tap records, so restore/renew find it: the session carries its tap."""
 # Tool call id -> the tap that saw the model make it: a guarded tool finds its call from its ToolContext.
 _CALL_TAPS: weakref.WeakValueDictionary[str, OpenAIAgentsTap] = weakref.WeakValueDictionary()
 
 
 def tap_of(session: RealtimeSession) -> OpenAIAgentsTap | None:
     """The tap attached to ``session``, if any."""
-    return _TAPS.get(session)
+    tap = getattr(session, _TAP_ATTR, None)
+    return tap if isinstance(tap, OpenAIAgentsTap) else None
 
 
 def _agent_of(session: RealtimeSession) -> RealtimeAgent[Any]:
@@ -166,7 +167,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         model.add_listener(self)
         model.add_listener(session)
         self.session = session
-        _TAPS[session] = self
+        setattr(session, _TAP_ATTR, self)
         self._watch_session_events(session)
         self._watch_close(session)
 

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from calltape.backoff import Backoff
+from calltape._backoff import Backoff
 from calltape.errors import CalltapeError, StoreUnavailable
 from calltape.errors import DurableAppendTimeout as DurableAppendTimeout  # re-exported: public here since v0.1
 from calltape.errors import RecorderClosed as RecorderClosed
@@ -384,7 +385,7 @@ class Recorder:
                 if self._finished >= target and not future.done():
                     future.set_result(None)
 
-    def session(self, session: str, *, agent: str | None = None, epoch: int | None = 1) -> SessionTape:
+    def session(self, session: str, *, agent: str | None = None, epoch: int | None = 1) -> _SessionTape:
         """A writer for one session: events made with its agent and epoch (the fencing token).
 
         ``epoch`` defaults to 1, the epoch ``session.started`` opens: the agent that started the call.
@@ -392,7 +393,7 @@ class Recorder:
         go to ``on_rejected``. After a resume, pass the plan's epoch. ``epoch=None`` opts out of
         fencing: the tape's events carry no epoch and are written even after a resume.
         """
-        return SessionTape(self, session, agent=agent, epoch=epoch)
+        return _SessionTape(self, session, agent=agent, epoch=epoch)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -549,8 +550,12 @@ class Recorder:
                 log.exception("calltape: a commit observer failed")
 
 
-class SessionTape:
+class _SessionTape:
     """One session's writer handle: fills in the session, the agent and the writer's epoch.
+
+    Private: make it with :meth:`Recorder.session` (a live call's writer is
+    :class:`calltape.CallSession`); the old public name ``SessionTape`` still works, with a
+    ``DeprecationWarning``.
 
     The epoch defaults to 1 (see :meth:`Recorder.session`); ``None`` writes unfenced.
     """
@@ -595,3 +600,18 @@ class SessionTape:
     ) -> Event:
         """Records one event and returns the stored event once it has committed."""
         return await self.recorder.append(self.make(event_type, data, at_ms=at_ms, id=id))
+
+
+SESSION_TAPE_DEPRECATED = (
+    "calltape.SessionTape is deprecated and will be removed: a live call's writer is calltape.CallSession "
+    "(calltape.connect(...).start_call); a recorder's low-level writer handle comes from recorder.session(...)"
+)
+"""What the old public name ``SessionTape`` warns (its class is private now)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``SessionTape``, the class's old public name: still there, with a ``DeprecationWarning``."""
+    if name == "SessionTape":
+        warnings.warn(SESSION_TAPE_DEPRECATED, DeprecationWarning, stacklevel=2)
+        return _SessionTape
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import await_only
 
 from calltape.events import Event
+from calltape.eventstore._sqlite_thread import ThreadDb, WriterThread, in_transaction, run_to_end
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.queries import (
@@ -40,7 +41,6 @@ from calltape.eventstore.queries import (
     to_session_info,
 )
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS, events, sessions
-from calltape.eventstore.sqlite_thread import ThreadDb, WriterThread, in_transaction, run_to_end
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter, checked_batch
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
@@ -169,7 +169,7 @@ _UPDATE_SESSIONS = Query(
 
 class SqliteWriter(AppendWriter):
     """The append's steps on SQLite, inside a ``BEGIN IMMEDIATE`` transaction: on the engine's
-    connection (an import) or on the writer thread's (:mod:`.sqlite_thread`, the store's appends)."""
+    connection (an import) or on the writer thread's (:mod:`._sqlite_thread`, the store's appends)."""
 
     def __init__(self, db: SqliteDb | ThreadDb, tenant: str | None = None, everyone: bool = False) -> None:
         self.db = db
@@ -345,7 +345,7 @@ class SqliteEventStore(SqlEventStore):
         self._erasure_counter = None if database == ":memory:" else f"{database}-erasures"
         """The file every erase bumps (None for an in-memory database, which no other process can open)."""
         self._writer = None if database == ":memory:" else WriterThread(database, configure_connection)
-        """Where appends run (:mod:`.sqlite_thread`). An in-memory database is one shared-cache database
+        """Where appends run (:mod:`._sqlite_thread`). An in-memory database is one shared-cache database
         behind a pool of one connection (``connect.py``): its appends stay on that connection, the only
         one that waits its turn instead of failing on the shared cache's table locks."""
 

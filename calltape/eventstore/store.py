@@ -1,4 +1,7 @@
-"""The event store interface shared by the PostgreSQL and SQLite backends."""
+"""The event store interface shared by the PostgreSQL, Citus and SQLite backends, split by role:
+writing (:class:`EventWriter`), reading (:class:`EventReader`) and administration
+(:class:`StoreAdmin`); :class:`EventStore` is all three with a lifecycle. Each role is small enough
+to read at once, and a caller that needs one role says so in its signature."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from calltape.backoff import Backoff
+from calltape._backoff import Backoff
 from calltape.errors import InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import SessionInfo
@@ -108,30 +111,9 @@ def checked_batch(events: object) -> Sequence[Event]:
     return events
 
 
-class EventStore(ABC):
-    """An append-only, per-session event log with a global feed."""
-
-    dialect: str
-    url: str
-    redactor: Redactor | None = None
-    """Redaction on write: every appended event passes these rules before it reaches the database."""
-    tenant: str | None = None
-    """The tenant the store was opened for: it sees and writes only that tenant's sessions (None: only the
-    sessions without a tenant, unless :attr:`all_tenants`; see :mod:`.tenancy`)."""
-    all_tenants: bool = False
-    """Opened for every tenant (``tenant="*"``, the operator's): sees and writes every session."""
-    write_groups: int = 1
-    """How many transactions one append of many sessions commits side by side, each over its own share of
-    the events (Citus: one per worker node holding shards). A recorder batch holds ``max_batch`` events
-    for each, so that every transaction carries about what one PostgreSQL's would."""
-
-    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
-        """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
-        if self.redactor is None or all(e.redacted for e in events):
-            return events
-        return self.redactor.events(events)
-
-    # -- writing -----------------------------------------------------------------------------
+class EventWriter(ABC):
+    """The writing role of a store: what a writer (the recorder, the bulk import) needs. Appends and
+    fold snapshots; nothing is ever changed in place here."""
 
     @abstractmethod
     async def append(self, events: Sequence[Event], *, expected_seq: int | None = None) -> list[Event]:
@@ -142,7 +124,15 @@ class EventStore(ABC):
         last seq is exactly that.
         """
 
-    # -- reading -----------------------------------------------------------------------------
+    @abstractmethod
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        """Stores a fold snapshot of a session at ``seq`` for fold ``version`` (saving it again is harmless)."""
+
+
+class EventReader(ABC):
+    """The reading role of a store: what readers (``show``, ``check``, resume, the server's live
+    feed) need. One session's log and summary, the list of sessions, the global feed and its
+    subscription, fold snapshots."""
 
     @abstractmethod
     async def read(
@@ -251,7 +241,16 @@ class EventStore(ABC):
         finally:
             await waiter.close()
 
-    # -- snapshots ---------------------------------------------------------------------------
+    @abstractmethod
+    async def load_snapshot(
+        self, session: str, version: int, *, max_seq: int | None = None
+    ) -> tuple[int, bytes] | None:
+        """The newest snapshot of this fold version at or before ``max_seq``."""
+
+
+class StoreAdmin(ABC):
+    """The administration role of a store: what an operator's tools (``erase``, retention,
+    ``redact``) need. The only ways stored events change or go."""
 
     @abstractmethod
     async def erase(self, session: str) -> int:
@@ -279,15 +278,33 @@ class EventStore(ABC):
         """Replaces the ``data`` of stored events in place (``(seq, data)`` pairs) and drops the session's
         snapshots, in one transaction. Only redaction uses it: the log is otherwise append-only."""
 
-    @abstractmethod
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        """Stores a fold snapshot of a session at ``seq`` for fold ``version`` (saving it again is harmless)."""
 
-    @abstractmethod
-    async def load_snapshot(
-        self, session: str, version: int, *, max_seq: int | None = None
-    ) -> tuple[int, bytes] | None:
-        """The newest snapshot of this fold version at or before ``max_seq``."""
+class EventStore(EventWriter, EventReader, StoreAdmin):
+    """An append-only, per-session event log with a global feed: the three roles
+    (:class:`EventWriter`, :class:`EventReader`, :class:`StoreAdmin`) and the store's lifecycle.
+
+    A backend subclasses it and passes :mod:`calltape.testing.store_conformance`; code that needs
+    one role only can take that role's type."""
+
+    dialect: str
+    url: str
+    redactor: Redactor | None = None
+    """Redaction on write: every appended event passes these rules before it reaches the database."""
+    tenant: str | None = None
+    """The tenant the store was opened for: it sees and writes only that tenant's sessions (None: only the
+    sessions without a tenant, unless :attr:`all_tenants`; see :mod:`.tenancy`)."""
+    all_tenants: bool = False
+    """Opened for every tenant (``tenant="*"``, the operator's): sees and writes every session."""
+    write_groups: int = 1
+    """How many transactions one append of many sessions commits side by side, each over its own share of
+    the events (Citus: one per worker node holding shards). A recorder batch holds ``max_batch`` events
+    for each, so that every transaction carries about what one PostgreSQL's would."""
+
+    def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
+        """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
+        if self.redactor is None or all(e.redacted for e in events):
+            return events
+        return self.redactor.events(events)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

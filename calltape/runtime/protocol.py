@@ -20,15 +20,17 @@ the layers below the runtime and the runtime's value modules (``toolspec``, ``re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from calltape.events import Event
 from calltape.projections import ContextFold, ToolCallState
 from calltape.runtime.recovery import Recovery
 from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 
-__all__ = ["CallStarter", "EventSink", "FoldedSink", "LiveCall", "ToolHost"]
+__all__ = ["CallStarter", "EventSink", "FoldedSink", "HasParts", "LiveCall", "ToolHost"]
+
+_Part = TypeVar("_Part")
 
 
 @runtime_checkable
@@ -155,6 +157,16 @@ class LiveCall(ToolHost, Protocol):
 
     async def drop(self, reason: str | None = None) -> None:
         """Records ``session.dropped`` (durable)."""
+        ...
+
+
+@runtime_checkable
+class HasParts(Protocol):
+    """A call that keeps per-call objects for adapters and harnesses (:meth:`calltape.runtime.CallSession.part`), so
+    they find each other through the call instead of through a module-global registry."""
+
+    def part(self, kind: Callable[[Any], _Part]) -> _Part:
+        """The one ``kind(call)`` of this call, made on first use."""
         ...
 
 

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, make_event
@@ -31,6 +31,8 @@ from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
 from calltape.runtime.waits import PlayoutWaiters
 
 log = logging.getLogger(__name__)
+
+_Part = TypeVar("_Part")
 
 EventListener = Callable[[Event], None]
 """Told of each event once it is folded into the live context (:meth:`CallSession.add_listener`)."""
@@ -101,6 +103,7 @@ class CallSession:
         # event type -> its listeners, in the order they were added; other types get _any
         self._by_type: dict[str, tuple[EventListener, ...]] = {}
         self._any: tuple[EventListener, ...] = ()
+        self._parts: dict[Callable[[Any], Any], Any] = {}
         # The runtime's own reactions are listeners like any other, added first.
         self.add_listener(self._on_interruption, "interruption")
         self.add_listener(self._on_speech_ended, "agent.speech.ended")
@@ -324,6 +327,17 @@ class CallSession:
         types = {kind for _, kinds in entries if kinds for kind in kinds}
         self._by_type = {kind: tuple(fn for fn, kinds in entries if kinds is None or kind in kinds) for kind in types}
         self._any = tuple(fn for fn, kinds in entries if kinds is None)
+
+    def part(self, kind: Callable[[CallSession], _Part]) -> _Part:
+        """The one ``kind(self)`` of this call, made on first use.
+
+        Where an adapter or the test harness keeps its per-call object (the Pipecat adapter's
+        observer, tool guard and context fixer, a scripted caller's barge-in): the call owns it, so
+        it lives exactly as long as the call and no registry outside the call maps calls to state."""
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = kind(self)
+        return cast("_Part", found)
 
     def intercept(self, interceptor: CallInterceptor | None) -> None:
         """Installs ``interceptor`` (one at a time: ValueError if another one is installed), or with

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -51,18 +50,22 @@ class DropCarrier(Protocol):
         session, seeded with the plan's context, takes the call on and the caller talks to it."""
 
 
-_CARRIERS: weakref.WeakKeyDictionary[CallSession, DropCarrier] = weakref.WeakKeyDictionary()
+class _CarrierPart:
+    """The call's own slot (:meth:`CallSession.part`) for the framework caller that carries its drops."""
+
+    def __init__(self, call: CallSession) -> None:
+        self.carrier: DropCarrier | None = None
 
 
 def set_drop_carrier(call: CallSession, carrier: DropCarrier) -> None:
     """Makes a drop of ``call`` (exploration's drop runs) lose the framework session ``carrier`` runs
     and carry the call on on a new one after the resume."""
-    _CARRIERS[call] = carrier
+    call.part(_CarrierPart).carrier = carrier
 
 
 def carries_drops(call: CallSession) -> bool:
     """Whether a framework caller of ``call`` carries drops over (:func:`set_drop_carrier`)."""
-    return call in _CARRIERS
+    return call.part(_CarrierPart).carrier is not None
 
 
 def started_calls(events: list[Event]) -> list[str]:
@@ -159,7 +162,7 @@ class DropHook(CallInterceptor):
         self._holding = self._lost = True
         call.runner.call = _Severed(call)
         call.playout.interrupt(None, "session.dropped")
-        self._carrier = _CARRIERS.get(call)
+        self._carrier = call.part(_CarrierPart).carrier
         if self._carrier is not None:
             self._carrier.lose()
         self._task = asyncio.ensure_future(self._drop_and_resume())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,14 +51,23 @@ __all__ = ["USER_ASSERTION", "Exploration", "Run", "explore", "set_barge_in"]
 BargeIn = Callable[[], Any]
 """How a barge-in reaches the agent's framework (may return an awaitable)."""
 
-_BARGE_INS: weakref.WeakKeyDictionary[CallSession, BargeIn] = weakref.WeakKeyDictionary()
+
+class _BargeInPart:
+    """The call's own slot (:meth:`CallSession.part`) for how its barge-ins reach the framework."""
+
+    def __init__(self, call: CallSession) -> None:
+        self.barge_in: BargeIn | None = None
 
 
 def set_barge_in(call: CallSession, barge_in: BargeIn) -> None:
     """Makes exploration land its barge-ins on ``call`` through ``barge_in`` (a scripted caller
     speaking into the real pipeline) instead of recording an interruption on the call directly, so
     the framework's own interruption handling is what gets explored."""
-    _BARGE_INS[call] = barge_in
+    call.part(_BargeInPart).barge_in = barge_in
+
+
+def _barge_in_of(call: CallSession) -> BargeIn | None:
+    return call.part(_BargeInPart).barge_in
 
 
 @dataclass
@@ -283,7 +291,7 @@ class _BargeIn:
         if {"session.ended", "session.dropped"} & set(self.types):
             return
         self.after = f"{self.types[-1]}, event {self.count}"
-        barge_in = _BARGE_INS.get(self.call)
+        barge_in = _barge_in_of(self.call)
         if barge_in is None:
             self.call.interrupt(cause="user_speech")
             return
@@ -342,7 +350,7 @@ async def _one_run(
                 run.problems.append(f"the drop and resume raised {type(dropping.error).__name__}")
         if not {"session.ended", "session.dropped"} & set(hook.types):
             await call.end("scenario finished")
-        hook.uncarried = call in _BARGE_INS and not carries_drops(call)
+        hook.uncarried = _barge_in_of(call) is not None and not carries_drops(call)
     finally:
         await recorder.close()
     run.after = hook.after if dropping is None else dropping.after

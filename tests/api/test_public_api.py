@@ -6,6 +6,8 @@ import subprocess
 import sys
 import typing
 
+import pytest
+
 import calltape
 from calltape.events import EVENT_TYPES, EventType
 from calltape.projections import FORMATS, ContextFormat, render
@@ -40,7 +42,6 @@ EXPECTED = {
     "SessionErased",
     "SessionInfo",
     "SessionNotFound",
-    "SessionTape",
     "StoreUnavailable",
     "TenantRefused",
     "ToolOutcome",
@@ -127,3 +128,40 @@ def test_the_call_hook_is_exported_by_the_runtime() -> None:
     assert {v.value for v in Verdict} == {"record", "hold", "discard"}
     for method in ("add_listener", "remove_listener", "intercept", "release", "reattach"):
         assert callable(getattr(calltape.CallSession, method)), method
+
+
+def test_the_old_session_tape_name_warns_and_still_works() -> None:
+    """``SessionTape`` left the public API (a live call's writer is ``CallSession``): the old name
+    keeps working for a while, with a DeprecationWarning at the user's line, from both places it
+    was imported from."""
+    import calltape.eventstore.recorder as recorder_module
+
+    with pytest.warns(DeprecationWarning, match="calltape.SessionTape is deprecated") as caught:
+        tape_class = calltape.SessionTape
+    assert caught[0].filename == __file__
+    assert tape_class is recorder_module._SessionTape
+    with pytest.warns(DeprecationWarning, match="CallSession"):
+        from calltape.eventstore.recorder import SessionTape
+    assert SessionTape is tape_class
+    assert "SessionTape" not in calltape.__all__ and "SessionTape" not in dir(calltape)
+    with pytest.raises(AttributeError):
+        _ = recorder_module.NoSuchName
+
+
+def test_no_page_or_example_imports_a_private_module() -> None:
+    """Modules whose name starts with ``_`` (``calltape._backoff``, ``calltape.eventstore._sqlite_thread``,
+    ``calltape.adapters.pipecat._percall``) are calltape's own: what users read never imports them."""
+    import re
+    from pathlib import Path
+
+    root = Path(calltape.__file__).resolve().parents[1]
+    private = re.compile(r"\b(?:from|import)\s+calltape(?:\.\w+)*\._\w+")
+    pages = [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "examples").rglob("*.py")]
+    found = [str(p.relative_to(root)) for p in pages if private.search(p.read_text(encoding="utf-8"))]
+    assert found == []
+    assert private.search("from calltape.eventstore._sqlite_thread import ThreadDb")  # the pattern can match
+    assert sorted(p.name for p in (root / "calltape").rglob("_[a-z]*.py")) == [
+        "_backoff.py",
+        "_percall.py",
+        "_sqlite_thread.py",
+    ]

@@ -1,4 +1,4 @@
-"""The SQLite store's appends on their own thread and ``sqlite3`` connection (``sqlite_thread.py``):
+"""The SQLite store's appends on their own thread and ``sqlite3`` connection (``_sqlite_thread.py``):
 the same guarantees as through aiosqlite, checked against the file with a plain ``sqlite3`` connection."""
 
 from __future__ import annotations

@@ -199,3 +199,18 @@ async def test_held_events_go_to_the_resumed_epoch_after_reattach(store: EventSt
         logged = await store.read(session_id)
         assert [(e.type, e.epoch) for e in logged if e.type == "user.text"] == [("user.text", 2), ("user.text", 2)]
         assert not live.rejected
+
+
+async def test_a_part_is_made_once_per_call_and_belongs_to_it(store: EventStore, session_id: str) -> None:
+    """Adapters and the harness keep their per-call object in the call (no registry outside it)."""
+
+    class Part:
+        def __init__(self, call: object) -> None:
+            self.call = call
+
+    async with live_call(store, session_id) as live:
+        first = live.call.part(Part)
+        assert first.call is live.call
+        assert live.call.part(Part) is first
+        other = live.call.part(lambda call: [call])  # any one-argument factory is its own key
+        assert other == [live.call]

@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import json
 import typing
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,8 +72,9 @@ CallSink = EventSink
 only) or a :class:`~calltape.runtime.LiveCall` (barge-in, end and guarded tools too)."""
 
 
-# Sessions the tap is attached to, so guarded tools find their call from the RunContext alone.
-_TAPS: weakref.WeakKeyDictionary[AgentSession[Any], LiveKitTap] = weakref.WeakKeyDictionary()
+_TAP_ATTR = "_calltape_tap"
+"""Set on the ``AgentSession`` a tap records, so guarded tools find their call from the RunContext
+alone: the session carries its tap (no registry outside it maps sessions to taps)."""
 
 _DROP_REASONS = frozenset({"error", "participant_disconnected", "job_shutdown"})
 HANDOFF_INTERRUPTED = "the agent handoff was interrupted and did not happen"
@@ -142,7 +142,7 @@ class LiveKitTap:
         ]
         for name, handler in self._handlers:
             session.on(name, handler)  # type: ignore[arg-type]
-        _TAPS[session] = self
+        setattr(session, _TAP_ATTR, self)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -152,8 +152,8 @@ class LiveKitTap:
             self.session.off(name, handler)  # type: ignore[arg-type]
         for task in self._tasks:
             task.cancel()
-        if _TAPS.get(self.session) is self:
-            del _TAPS[self.session]
+        if tap_of(self.session) is self:
+            setattr(self.session, _TAP_ATTR, None)
 
     async def drain(self) -> None:
         """Waits for the tap's background work (speech watchers, the close of the call)."""
@@ -664,7 +664,7 @@ def _mentions_agent(annotation: Any) -> bool:
 
 def attach(session: AgentSession[Any], call: EventSink) -> LiveKitTap:
     """Records ``session`` into ``call`` from now on; returns the tap (``tap.detach()`` stops it)."""
-    existing = _TAPS.get(session)
+    existing = tap_of(session)
     if existing is not None:
         existing.detach()
     return LiveKitTap(session, call)
@@ -672,4 +672,5 @@ def attach(session: AgentSession[Any], call: EventSink) -> LiveKitTap:
 
 def tap_of(session: AgentSession[Any]) -> LiveKitTap | None:
     """The tap attached to ``session``, if any."""
-    return _TAPS.get(session)
+    tap = getattr(session, _TAP_ATTR, None)
+    return tap if isinstance(tap, LiveKitTap) else None

@@ -27,11 +27,11 @@ from calltape.extras import requires_extra
 with requires_extra("pipecat"):
     import pipecat.frames.frames  # noqa: F401
 
+from calltape.adapters.pipecat._percall import SUPPORTED_PIPECAT
 from calltape.adapters.pipecat.attach import attach, modality_of
 from calltape.adapters.pipecat.live import reconcile_context
 from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.seed import context_messages, seed_llm_context
-from calltape.adapters.pipecat.shared import SUPPORTED_PIPECAT
 from calltape.adapters.pipecat.tools import guard, register_function
 from calltape.client import connect
 

@@ -18,7 +18,8 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.transports.base_output import BaseOutputTransport
 
-from calltape.adapters.pipecat.live import LiveReconciler
+from calltape.adapters.pipecat._percall import PipecatCall
+from calltape.adapters.pipecat.live import fix_after_aggregator
 from calltape.adapters.pipecat.messages import message_text
 from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.tools import guard, unguarded_tools
@@ -103,6 +104,6 @@ async def attach(
         guard(llm, call)
     for processor in processors(worker):
         if isinstance(processor, LLMAssistantAggregator):
-            LiveReconciler.install_aggregator(processor, call)
+            fix_after_aggregator(processor, PipecatCall.of(call))
     worker.add_observer(CalltapeObserver(call, on_end=on_end, on_cancel=on_cancel))
     return call

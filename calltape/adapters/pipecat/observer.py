@@ -49,9 +49,9 @@ from pipecat.processors.aggregators.llm_response_universal import LLMAssistantAg
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_output import BaseOutputTransport
 
-from calltape.adapters.pipecat.live import LiveReconciler
+from calltape.adapters.pipecat._percall import PipecatCall, jsonable
+from calltape.adapters.pipecat.live import fix_after_aggregator
 from calltape.adapters.pipecat.messages import MessageRecorder
-from calltape.adapters.pipecat.shared import jsonable, shared
 from calltape.adapters.pipecat.user import MUTE_FRAMES, USER_INPUT, UserInput
 from calltape.adapters.replies import ReplyTracker
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall
@@ -104,8 +104,8 @@ class CalltapeObserver(BaseObserver):
         self.live: LiveCall | None = call if isinstance(call, LiveCall) else None
         """The call as a :class:`~calltape.runtime.LiveCall`, or None when it only records."""
         self.replies = ReplyTracker(call)
-        self._shared = shared(call)
-        self._shared.observed = True
+        self._percall = PipecatCall.of(call)
+        self._percall.observer = self  # the call's one object: the guard waits for what this announces
         self._on_end = on_end
         self._on_cancel = on_cancel
         self._siblings: deque[int] = deque(maxlen=512)
@@ -157,7 +157,7 @@ class CalltapeObserver(BaseObserver):
                 if id(processor) not in self._context_aggregators:
                     self._context_aggregators.add(id(processor))
                     if isinstance(self.call, FoldedSink):
-                        LiveReconciler.install_aggregator(processor, self.call)
+                        fix_after_aggregator(processor, self._percall)
             if id(processor) in self._context_aggregators and isinstance(frame, _INJECTED) and self._take_once(frame):
                 self._injected(frame)
         except Exception:  # a recording bug must never break a live call
@@ -356,7 +356,7 @@ class CalltapeObserver(BaseObserver):
         rid = self._generating or self.replies.current
         for fc in frame.function_calls:
             call_id = fc.tool_call_id
-            self._shared.call_reply[call_id] = rid
+            self._percall.call_reply[call_id] = rid
             data: dict[str, Any] = {
                 "call": call_id,
                 "name": fc.function_name,
@@ -365,10 +365,10 @@ class CalltapeObserver(BaseObserver):
             if rid:
                 data["reply"] = rid
             self._emit("tool.call", data)
-            self._shared.seen(call_id).set()
+            self._percall.seen(call_id).set()
 
     def _guarded(self, name: str) -> bool:
-        return name in self._shared.guarded_names
+        return name in self._percall.guarded_names
 
     def _tool_started(self, frame: FunctionCallInProgressFrame) -> None:
         if self._guarded(frame.function_name):
@@ -405,7 +405,7 @@ class CalltapeObserver(BaseObserver):
         # Pipecat sets run_llm on a cancel only when the call's own timeout fired.
         reason = "timeout" if getattr(frame, "run_llm", False) else "interrupted"
         if self._guarded(frame.function_name):
-            if call_id in self._shared.guard_entered:
+            if call_id in self._percall.guard_entered:
                 return  # the guard records how it ended
             outcome = "not_run"  # cancelled before the guarded handler was entered
         else:

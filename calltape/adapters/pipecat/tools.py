@@ -33,14 +33,15 @@ from pipecat.frames.frames import FunctionCallResultProperties
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.services.llm_service import FunctionCallParams, LLMService
 
-from calltape.adapters.pipecat.live import LiveReconciler
-from calltape.adapters.pipecat.shared import Shared, consume, jsonable, shared
+from calltape.adapters.pipecat._percall import PipecatCall, consume, jsonable
+from calltape.adapters.pipecat.live import fix_before_inference
 from calltape.errors import CalltapeError
 from calltape.runtime import LiveCall, ToolOutcome, ToolSpec
 
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
 
-_GUARDED_LLMS: dict[int, Any] = {}
+_GUARD_ATTR = "_calltape_guard"
+"""Set on a guarded LLM service: the :class:`~._percall.PipecatCall` whose tools it runs."""
 
 log = logging.getLogger("calltape.adapters.pipecat")
 
@@ -52,9 +53,10 @@ def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | No
 
     Raises :class:`~calltape.errors.CalltapeError` when tools were registered on ``llm`` before (they
     would run unguarded) or when ``llm`` is already guarded for another call. Returns ``llm``."""
-    owner = _GUARDED_LLMS.get(id(llm))
+    percall = PipecatCall.of(call)
+    owner = getattr(llm, _GUARD_ATTR, None)
     if owner is not None:
-        if owner is call:
+        if owner is percall:
             return llm
         raise CalltapeError("this Pipecat LLM service is already guarded for another call")
     plain = unguarded_tools(llm)
@@ -150,8 +152,9 @@ def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | No
 
     llm.register_function = register_function  # type: ignore[method-assign]
     llm.register_direct_function = register_direct_function  # type: ignore[method-assign,assignment]
-    _GUARDED_LLMS[id(llm)] = call
-    LiveReconciler.install(llm, call, tools_hook=guard_registry)
+    setattr(llm, _GUARD_ATTR, percall)
+    percall.llms.append(llm)
+    fix_before_inference(llm, percall, tools_hook=guard_registry)
     return llm
 
 
@@ -194,7 +197,7 @@ def unguarded_tools(llm: LLMService) -> set[str]:
     registry = getattr(llm, "_functions", None)
     if not isinstance(registry, Mapping):
         return set()
-    if _GUARDED_LLMS.get(id(llm)) is not None:
+    if getattr(llm, _GUARD_ATTR, None) is not None:
         return {
             str(name) if name is not None else "<catch-all>"
             for name, item in registry.items()
@@ -226,8 +229,8 @@ def register_function(
     cancellation reaches the handler.
     """
     register = llm.register_function
-    if _GUARDED_LLMS.get(id(llm)) is None:
-        LiveReconciler.install(llm, call)
+    if getattr(llm, _GUARD_ATTR, None) is None:
+        fix_before_inference(llm, PipecatCall.of(call))
     _register(
         register,
         call,
@@ -255,7 +258,7 @@ def _register(
     if getattr(handler, "_calltape_guarded", False):
         guarded = handler
     else:
-        state = shared(call)
+        state = PipecatCall.of(call)
         state.guarded_names.add(function_name)
         tool_spec = spec or call.tools.get(function_name) or ToolSpec()
         if timeout_secs is not None:
@@ -278,9 +281,9 @@ class GuardedFunction:
     # How long to wait for the observer to announce a call before recording it without its reply.
     ANNOUNCE_WAIT = 0.5
 
-    def __init__(self, call: LiveCall, state: Shared, name: str, handler: Handler, spec: ToolSpec) -> None:
+    def __init__(self, call: LiveCall, state: PipecatCall, name: str, handler: Handler, spec: ToolSpec) -> None:
         self.call = call
-        self.shared = state
+        self.percall = state
         self.name = name
         self.handler = handler
         self.spec = spec
@@ -295,7 +298,7 @@ class GuardedFunction:
         """Runs one call under ``call.run_tool`` and reports its one outcome to Pipecat."""
         call_id = params.tool_call_id
         reply = await self._announced(params)
-        self.shared.guard_entered.add(call_id)
+        self.percall.guard_entered.add(call_id)
         arguments = jsonable(dict(params.arguments or {}))
         body = self._body(params)
         inner = asyncio.ensure_future(
@@ -308,8 +311,8 @@ class GuardedFunction:
             # ToolSpec decides what happens to the tool: "cancel" stops it when the interruption is
             # recorded, "finish" lets it run; either way it ends under its timeout, in the log, and
             # its one output is written back into Pipecat's live context (.live).
-            self.shared.abandoned.add(call_id)
-            self.shared.background.add(inner)
+            self.percall.abandoned.add(call_id)
+            self.percall.background.add(inner)
             context = getattr(params, "context", None)
             inner.add_done_callback(self._landed(context))
             raise
@@ -322,26 +325,26 @@ class GuardedFunction:
 
     def _landed(self, context: Any) -> Callable[[asyncio.Future[Any]], None]:
         def done(task: asyncio.Future[Any]) -> None:
-            self.shared.background.discard(task)
+            self.percall.background.discard(task)
             consume(task)
             if context is not None:
                 with contextlib.suppress(Exception):
-                    LiveReconciler.reconcile(context, self.call)
+                    self.percall.reconcile(context)
 
         return done
 
     async def _announced(self, params: FunctionCallParams) -> str | None:
         """The reply that asked for this call, once the observer has recorded ``tool.call``."""
         call_id = params.tool_call_id
-        if call_id not in self.shared.call_reply and self.shared.observed:
+        if call_id not in self.percall.call_reply and self.percall.observed:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.ANNOUNCE_WAIT):  # (wait_for on 3.11 can lose a cancellation)
-                    await self.shared.seen(call_id).wait()
+                    await self.percall.seen(call_id).wait()
         # Let the observer take in what was pushed before this call ran (an interruption, say).
         await asyncio.sleep(0)
         # Unannounced (no observer): run_tool records tool.call itself, without a reply.
-        self.shared.call_seen.pop(call_id, None)
-        return self.shared.call_reply.get(call_id)
+        self.percall.call_seen.pop(call_id, None)
+        return self.percall.call_reply.get(call_id)
 
     def _body(self, params: FunctionCallParams) -> Callable[[Any], Awaitable[Any]]:
         handler = self.handler
