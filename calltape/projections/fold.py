@@ -342,6 +342,16 @@ class ContextFold:
         _snapshot.thaw(self)
         return [self._reply_state(item) for item in self._items if isinstance(item, Reply)]
 
+    def reply_active(self, reply: str) -> bool:
+        """Whether an interruption would cut ``reply`` now: still generating, its playout unfinished,
+        or an included call of it unsettled (the one test; see "Interruption targeting" above).
+        False for an unknown reply."""
+        r = self._replies.get(reply)
+        if r is None and self._frozen is not None and reply in self._frozen.replies:
+            _snapshot.thaw(self)
+            r = self._replies.get(reply)
+        return r is not None and self._active(r)
+
     def open_replies(self) -> list[ReplyState]:
         """Replies that keep the state unclean: still generating or waiting to be heard (never frozen)."""
         return [

@@ -207,6 +207,12 @@ class ReplyState:
     reported_heard: str | None = None
     """The latest ``heard`` given by an event, None when none was."""
 
+    @property
+    def played(self) -> bool:
+        """Generated whole and played whole (or nothing to play), not interrupted: its words reached
+        the caller. What a heard-first effect and a wait for playout wait for."""
+        return not (self.interrupted or self.generating or self.awaiting_playout)
+
 
 def call_state(c: Call) -> ToolCallState:
     """The public view of one call."""

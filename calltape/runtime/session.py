@@ -275,7 +275,7 @@ class CallSession:
         reply = event.data["reply"]
         if self.playout.has(reply):
             state = self.fold.reply_state(reply)
-            if state is not None and not (state.generating or state.awaiting_playout or state.interrupted):
+            if state is not None and state.played:
                 self.playout.finish(reply)
 
     def _on_handoff(self, event: Event) -> None:
@@ -481,7 +481,7 @@ class CallSession:
         state = self.fold.reply_state(rid)
         if state is not None and state.interrupted:
             raise Interrupted(rid)
-        if state is None or not (state.generating or state.awaiting_playout):
+        if state is None or state.played:
             return
         future = self.playout.add(rid)
         started = time.perf_counter()
