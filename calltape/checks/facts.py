@@ -6,8 +6,8 @@ timeline picture, so "included", "interrupted", the epoch and the talk-over inte
 what they mean there and in SPEC section 2: a rule can never disagree with the projection about
 which reply a barge-in cancelled.
 
-Memory is one session: the record keeps a few numbers per call, reply and interruption, never the
-events' text.
+Memory is one session: the record keeps a few seqs and times per call, reply and interruption (and a
+call's arguments and output); the conversation's text is in its fold.
 """
 
 from __future__ import annotations

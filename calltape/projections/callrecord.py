@@ -14,15 +14,17 @@ what                           where
 a reply cut, and by which seq  ``CallRecord._cut`` (asks the fold, after the event)
 late tokens                    ``CallRecord._on_reply_event`` (``agent.text`` after the cut)
 talk-over interval             :class:`Playouts` (also the live latency figures' ``TALK_OVER``)
-a late start, a second run     ``CallRecord._on_tool_started``
+a late start, a second run     ``CallRecord._on_tool_event`` (``tool.started``: :class:`ToolStart`)
 a late result                  ``CallRecord._on_tool_settled`` (after the barge-in, or a new turn)
-an effect run again / unheard  ``CallRecord._on_effect``
+an effect run again / unheard  ``CallRecord._effect_start`` (what the log held before it)
+an effect left started         ``CallRecord._unsettled`` (at an end or a resume)
 stale epoch                    ``CallRecord.apply``
 =============================  ====================================================================
 
-A record keeps a few numbers per reply, call and barge-in, never the events' text (the fold keeps
-what the context needs). It is incremental: :meth:`CallRecord.apply` folds one event and returns
-what that event did (:class:`Applied`), which is what a reader drawing one row per event needs.
+A record keeps a few seqs and times per reply, call and barge-in, and a call's arguments and output
+(what ``show`` prints); the conversation's text stays in the fold, which keeps what the context
+needs. It is incremental: :meth:`CallRecord.apply` folds one event and returns what that event did
+(:class:`Applied`), which is what a reader drawing one row per event needs.
 """
 
 from __future__ import annotations
