@@ -220,9 +220,9 @@ class ReplyTracker:
         return len(self.view().replies())
 
     def active(self, reply: str) -> bool:
-        """Still generating, or generated text whose playout has not ended, and not interrupted."""
-        st = self.state(reply)
-        return st is not None and (st.generating or st.awaiting_playout)
+        """Whether an interruption would cut it now: the fold's test (still generating, its playout
+        unfinished, or an included call of it still running), held events included."""
+        return self.view().reply_active(reply)
 
     def finished(self, reply: str) -> bool:
         """Nothing more will happen to it: interrupted, or its playout ended, or done with nothing to play."""

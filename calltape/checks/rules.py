@@ -169,8 +169,8 @@ def talk_over(facts: SessionFacts, options: CheckOptions) -> Iterator[Violation]
                 f"the playout of reply [{barge.reply}] never ended after the barge-in",
             )
             continue
-        late = barge.ended_at_ms - barge.at_ms
-        if late > options.talk_over_ms:
+        late = barge.talk_over_ms
+        if late is not None and late > options.talk_over_ms:
             yield Violation(
                 facts.session,
                 barge.seq,

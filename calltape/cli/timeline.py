@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from calltape.events import Event
     from calltape.eventstore import SessionInfo
     from calltape.projections import ContextFold
+    from calltape.projections.callrecord import CallRecord, ToolCallSpan
 
 
 @dataclass(slots=True)
@@ -76,35 +78,11 @@ class ReplyView:
 
     reply: str
     row: Row
-    generated: list[str] = field(default_factory=list)
+    generated: str = ""
     late_tokens: int = 0
     interrupted_seq: int | None = None
     heard: str = ""
     interrupted: bool = False
-
-
-@dataclass(slots=True)
-class CallView:
-    """What ``show`` knows of one tool call: name, start, end and outcome."""
-
-    call: str
-    name: str
-    arguments: str
-    reply: str | None
-    call_seq: int
-    call_at: int
-    started_at: int | None = None
-    end_at: int | None = None
-    status: str = "in_progress"
-    included: bool = True
-    output: Any = None
-    late: str | None = None
-
-    def duration_ms(self) -> int | None:
-        """How long the tool ran, once it ended."""
-        if self.end_at is None:
-            return None
-        return self.end_at - (self.started_at if self.started_at is not None else self.call_at)
 
 
 @dataclass(slots=True)
@@ -113,111 +91,63 @@ class Timeline:
 
     rows: list[Row]
     replies: dict[str, ReplyView]
-    calls: dict[str, CallView]
-    fold: ContextFold
+    calls: dict[str, ToolCallSpan]
+    record: CallRecord
     first_at: int
     last_at: int
-    counts: dict[str, int]
+
+    @property
+    def fold(self) -> ContextFold:
+        """The context fold the rows were read from."""
+        return self.record.fold
 
 
-def _reply_state(fold: ContextFold, rid: str) -> tuple[bool, str] | None:
-    """(interrupted, heard text) of one reply, as the projection sees it."""
-    reply = fold.reply_state(rid)
-    if reply is None:
+def late_text(call: ToolCallSpan) -> str | None:
+    """Why a result is LATE, in words (None: it is not)."""
+    if call.late is None:
         return None
-    return reply.interrupted, reply.heard
+    why, seq = call.late
+    return f"after the barge-in at seq {seq}" if why == "barge-in" else f"after the user spoke again (seq {seq})"
+
+
+def owner_of(call: ToolCallSpan) -> str | None:
+    """The reply that carried a call, None for the fold's anonymous one."""
+    return call.reply if call.reply is not None and not call.reply.startswith("\x00") else None
 
 
 def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
-    """Folds a session's events into the rows ``calltape show`` prints."""
-    from calltape.projections import ContextFold
+    """Reads a session's events into the rows ``calltape show`` prints.
 
-    fold = ContextFold(events[0].session if events else None)
+    What each event did -- the reply an interruption cut or left alone, a result that came late --
+    is read from the call's :class:`~calltape.projections.callrecord.CallRecord`; this function only
+    decides which events get a row and what the row says."""
+    from calltape.projections.callrecord import CallRecord
+
+    record = CallRecord(events[0].session if events else None)
+    fold = record.fold
     rows: list[Row] = []
     replies: dict[str, ReplyView] = {}
-    calls: dict[str, CallView] = {}
-    last_reply: str | None = None
-    last_user_seq = 0
     first_at = events[0].at_ms if events else 0
-    counts = {"late_results": 0, "late_tokens": 0}
 
     def row(event: Event, lane: str, kind: str) -> Row:
         r = Row(event.seq or 0, event.at_ms, lane, kind)
         rows.append(r)
         return r
 
-    def reply_view(rid: str, event: Event) -> ReplyView:
-        nonlocal last_reply
-        view = replies.get(rid)
-        if view is None:
-            view = ReplyView(rid, row(event, "agent", "reply"))
-            view.row.reply = rid
-            replies[rid] = view
-            last_reply = rid
-        return view
-
     for event in events:
-        before = fold.counters["interruptions_ignored"]
-        was_interrupted: dict[str, bool] = {}
-        if event.type in ("interruption", "agent.speech.ended"):
-            for rid in replies:
-                state = _reply_state(fold, rid)
-                was_interrupted[rid] = bool(state and state[0])
-        fold.apply(event)
+        applied = record.apply(event)
         data = event.data
         kind = event.type
-        if kind == "session.started":
-            r = row(event, "session", kind).add("● call started", "bold")
-            r.add(f" · agent {data.get('agent')} · {data.get('modality', 'voice')}")
-            if data.get("tenant"):
-                r.add(f" · tenant {data['tenant']}")
-            if data.get("framework"):
-                r.add(f" · {data['framework']}")
-        elif kind == "session.ended":
-            row(event, "session", kind).add("■ call ended", "bold").add(
-                f" ({data['reason']})" if data.get("reason") else ""
-            )
-        elif kind == "session.dropped":
-            row(event, "session", kind).add("✖ call dropped", "bold red").add(
-                f" ({data['reason']})" if data.get("reason") else "", "red"
-            )
-        elif kind == "session.resumed":
-            row(event, "session", kind).add("↻ resumed", "bold green").add(
-                f" by {data.get('agent')} · epoch {data.get('epoch')} · from seq {data.get('from_seq')}", "green"
-            )
-        elif kind == "agent.handoff":
-            r = row(event, "session", kind).add("⇢ handoff", "bold magenta")
-            r.add(f" {data.get('from')} → {data.get('to')}", "magenta")
-            if data.get("reason"):
-                r.add(f" ({data['reason']})", "magenta")
-        elif kind == "agent.instructions":
-            row(event, "session", kind).add("✎ instructions: ", "magenta").add(
-                repr(shorten(str(data.get("text", "")), 60)), "dim"
-            )
-        elif kind == "user.speech.started":
-            row(event, "user", kind).add("🎙 starts speaking", "dim")
-        elif kind == "user.speech.stopped":
-            if verbose:
-                row(event, "user", kind).add("🎙 stops speaking", "dim")
-        elif kind == "user.transcript":
-            if data.get("final"):
-                last_user_seq = event.seq or 0
-                row(event, "user", kind).add(repr(str(data.get("text", "")).strip()), "bold cyan")
-            elif verbose:
-                row(event, "user", kind).add(f"… {str(data.get('text', '')).strip()}", "italic dim")
-        elif kind == "user.text":
-            last_user_seq = event.seq or 0
-            row(event, "user", kind).add(repr(str(data.get("text", "")).strip()), "bold cyan").add(" (typed)", "dim")
+        if kind in _SESSION_ROWS:
+            _SESSION_ROWS[kind](row(event, "session", kind), data)
+        elif kind.startswith("user."):
+            _user_row(row, event, verbose)
         elif kind in ("agent.reply.started", "agent.text", "agent.reply.done"):
             rid = str(data.get("reply"))
-            view = reply_view(rid, event)
-            if kind == "agent.text":
-                if view.interrupted_seq is not None:
-                    view.late_tokens += 1
-                    counts["late_tokens"] += 1
-                else:
-                    view.generated.append(str(data.get("text", "")))
-            if verbose and kind != "agent.reply.started" and view.row.seq != event.seq:
+            if rid not in replies:
+                replies[rid] = ReplyView(rid, row(event, "agent", "reply"))
+                replies[rid].row.reply = rid
+            elif verbose and kind != "agent.reply.started":
                 detail = f"· {kind.removeprefix('agent.')}"
                 if kind == "agent.text":
                     detail += f" {data.get('text')!r}"
@@ -227,14 +157,9 @@ def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
                 text = "▷ playout starts" if kind == "agent.speech.started" else f"▷ heard so far {data.get('heard')!r}"
                 row(event, "agent", kind).add(text, "dim")
         elif kind == "agent.speech.ended":
-            rid = str(data.get("reply"))
-            state = _reply_state(fold, rid)
-            newly = bool(state and state[0]) and not was_interrupted.get(rid, False)
-            if newly and rid in replies:
-                replies[rid].interrupted_seq = event.seq
             if data.get("interrupted") or verbose:
                 r = row(event, "agent", kind)
-                r.reply = rid
+                r.reply = str(data.get("reply"))
                 if data.get("interrupted"):
                     r.add("⏹ playout cut", "yellow")
                 else:
@@ -242,72 +167,105 @@ def build_timeline(events: list[Event], verbose: bool = False) -> Timeline:
                 if data.get("heard") is not None:
                     r.add(f" · heard {shorten(str(data['heard']), 60)!r}", "dim")
         elif kind == "interruption":
-            target: str | None = data.get("reply") or last_reply
             r = row(event, "agent", kind)
-            r.reply = target
-            ignored = fold.counters["interruptions_ignored"] > before
+            r.reply = applied.target
             cause = data.get("cause") or "user_speech"
-            if ignored:
+            if applied.ignored:
                 r.add(f"✂ interruption ({cause})", "dim").add(" · no effect: nothing was playing or generating", "dim")
             else:
                 r.add(f"✂ barge-in ({cause})", "bold yellow")
-                if target is not None and target in replies:
-                    replies[target].interrupted_seq = event.seq
-                    state = _reply_state(fold, target)
-                    if state is not None:
-                        r.add(f" · heard {shorten(state[1], 60)!r}", "yellow")
-        elif kind == "tool.call":
-            cid = str(data.get("call"))
-            owner: str | None = data.get("reply") or last_reply
-            args = data.get("arguments")
-            view_call = CallView(cid, str(data.get("name")), compact_json(args, 60), owner, event.seq or 0, event.at_ms)
-            calls.setdefault(cid, view_call)
-            r = row(event, "agent", kind)
-            r.call = cid
-        elif kind == "tool.started":
-            if cid_view := calls.get(str(data.get("call"))):
-                cid_view.started_at = event.at_ms
-                if verbose:
-                    row(event, "agent", kind).add(f"  ⚙ {cid_view.name} [{cid_view.call}] starts", "dim")
-        elif kind == "tool.progress":
-            if cid_view := calls.get(str(data.get("call"))):
-                message = data.get("message") or compact_json(data.get("state"), 50)
-                row(event, "agent", kind).add(f"  ⚙ {cid_view.name} [{cid_view.call}] … {message}", "dim")
-        elif kind in ("tool.result", "tool.cancelled"):
-            cid_view = calls.get(str(data.get("call")))
-            r = row(event, "agent", kind)
-            r.call = str(data.get("call"))
-            if cid_view is not None and cid_view.end_at is None:
-                cid_view.end_at = event.at_ms
-                if kind == "tool.result":
-                    reply = replies.get(cid_view.reply or "")
-                    if reply is not None and reply.interrupted_seq is not None:
-                        cid_view.late = f"after the barge-in at seq {reply.interrupted_seq}"
-                    elif last_user_seq > cid_view.call_seq:
-                        cid_view.late = f"after the user spoke again (seq {last_user_seq})"
-                    if cid_view.late:
-                        counts["late_results"] += 1
-        elif kind == "tool.effect":
-            _effect_row(row(event, "agent", kind), data)
-        else:
-            if verbose:
-                row(event, "session", kind).add(f"{kind}", "dim")
+                state = fold.reply_state(applied.cut) if applied.cut in replies else None
+                if state is not None:
+                    r.add(f" · heard {shorten(state.heard, 60)!r}", "yellow")
+        elif kind.startswith("tool."):
+            _tool_row(row, event, record.calls.get(str(data.get("call"))), verbose)
+        elif verbose:
+            row(event, "session", kind).add(f"{kind}", "dim")
         if rows:
             rows[-1].clean = fold.clean
 
     # Settle what only the end knows: heard text, interruptions, call outcomes.
+    record.settle()
     for rid, view in replies.items():
-        state = _reply_state(fold, rid)
+        span = record.replies.get(rid)
+        state = fold.reply_state(rid)
+        if span is not None:
+            view.interrupted_seq, view.late_tokens = span.interrupted_seq, len(span.late_text_seqs)
         if state is not None:
-            view.interrupted, view.heard = state
-    for c in fold.tool_calls():
-        cv = calls.get(c.call_id)
-        if cv is not None:
-            cv.status, cv.included, cv.output = c.status, c.included, c.output
+            view.interrupted, view.heard, view.generated = state.interrupted, state.heard, state.generated
     for r in rows:
-        _render_row(r, replies, calls)
+        _render_row(r, replies, record.calls)
     last_at = events[-1].at_ms if events else first_at
-    return Timeline(rows, replies, calls, fold, first_at, last_at, counts)
+    return Timeline(rows, replies, record.calls, record, first_at, last_at)
+
+
+def _reason(data: dict[str, Any], style: str = "") -> tuple[str, str]:
+    return (f" ({data['reason']})" if data.get("reason") else "", style)
+
+
+def _started_row(r: Row, data: dict[str, Any]) -> None:
+    r.add("● call started", "bold").add(f" · agent {data.get('agent')} · {data.get('modality', 'voice')}")
+    if data.get("tenant"):
+        r.add(f" · tenant {data['tenant']}")
+    if data.get("framework"):
+        r.add(f" · {data['framework']}")
+
+
+def _handoff_row(r: Row, data: dict[str, Any]) -> None:
+    r.add("⇢ handoff", "bold magenta").add(f" {data.get('from')} → {data.get('to')}", "magenta")
+    if data.get("reason"):
+        r.add(f" ({data['reason']})", "magenta")
+
+
+_SESSION_ROWS: dict[str, Callable[[Row, dict[str, Any]], Any]] = {
+    "session.started": _started_row,
+    "session.ended": lambda r, d: r.add("■ call ended", "bold").add(*_reason(d)),
+    "session.dropped": lambda r, d: r.add("✖ call dropped", "bold red").add(*_reason(d, "red")),
+    "session.resumed": lambda r, d: r.add("↻ resumed", "bold green").add(
+        f" by {d.get('agent')} · epoch {d.get('epoch')} · from seq {d.get('from_seq')}", "green"
+    ),
+    "agent.handoff": _handoff_row,
+    "agent.instructions": lambda r, d: r.add("✎ instructions: ", "magenta").add(
+        repr(shorten(str(d.get("text", "")), 60)), "dim"
+    ),
+}
+"""The session lane's rows: event type -> what its row says."""
+
+
+def _user_row(row: Callable[[Event, str, str], Row], event: Event, verbose: bool) -> None:
+    data, kind = event.data, event.type
+    if kind == "user.speech.started":
+        row(event, "user", kind).add("🎙 starts speaking", "dim")
+    elif kind == "user.speech.stopped":
+        if verbose:
+            row(event, "user", kind).add("🎙 stops speaking", "dim")
+    elif kind == "user.transcript":
+        if data.get("final"):
+            row(event, "user", kind).add(repr(str(data.get("text", "")).strip()), "bold cyan")
+        elif verbose:
+            row(event, "user", kind).add(f"… {str(data.get('text', '')).strip()}", "italic dim")
+    elif kind == "user.text":
+        row(event, "user", kind).add(repr(str(data.get("text", "")).strip()), "bold cyan").add(" (typed)", "dim")
+    elif verbose:
+        row(event, "session", kind).add(f"{kind}", "dim")
+
+
+def _tool_row(row: Callable[[Event, str, str], Row], event: Event, call: ToolCallSpan | None, verbose: bool) -> None:
+    data, kind = event.data, event.type
+    if kind in ("tool.call", "tool.result", "tool.cancelled"):
+        row(event, "agent", kind).call = str(data.get("call"))
+    elif kind == "tool.effect":
+        _effect_row(row(event, "agent", kind), data)
+    elif call is None:
+        return
+    elif kind == "tool.started":
+        if verbose:
+            row(event, "agent", kind).add(f"  ⚙ {call.name} [{call.call}] starts", "dim")
+    elif kind == "tool.progress":
+        message = data.get("message") or compact_json(data.get("state"), 50)
+        row(event, "agent", kind).add(f"  ⚙ {call.name} [{call.call}] … {message}", "dim")
+    elif verbose:
+        row(event, "session", kind).add(f"{kind}", "dim")
 
 
 _STATUS_STYLE = {
@@ -336,10 +294,10 @@ def _effect_row(r: Row, data: dict[str, Any]) -> None:
         r.add(f": {compact_json(data['output'], 60)}", "")
 
 
-def _render_row(r: Row, replies: dict[str, ReplyView], calls: dict[str, CallView]) -> None:
+def _render_row(r: Row, replies: dict[str, ReplyView], calls: dict[str, ToolCallSpan]) -> None:
     if r.kind == "reply" and r.reply in replies:
         view = replies[r.reply]
-        generated = "".join(view.generated)
+        generated = view.generated
         r.add("◆ ", "bold")
         if generated:
             r.add(repr(shorten(generated, 90)), "bold")
@@ -354,7 +312,7 @@ def _render_row(r: Row, replies: dict[str, ReplyView], calls: dict[str, CallView
             r.add(f"\n  {view.late_tokens} late token(s) after the barge-in ignored", "dim")
     elif r.kind == "tool.call" and r.call in calls:
         cv = calls[r.call]
-        r.add("⚙ call ", "bold").add(f"{cv.name}({cv.arguments})", "bold").add(f" [{cv.call}]", "dim")
+        r.add("⚙ call ", "bold").add(f"{cv.name}({compact_json(cv.arguments, 60)})", "bold").add(f" [{cv.call}]", "dim")
         if not cv.included:
             r.add("\n  not in the context: its reply was interrupted before it started", "dim")
     elif r.kind in ("tool.result", "tool.cancelled") and r.call in calls:
@@ -367,8 +325,9 @@ def _render_row(r: Row, replies: dict[str, ReplyView], calls: dict[str, CallView
             r.add(f": {compact_json(cv.output, 60)}", "")
         elif isinstance(cv.output, dict) and cv.output.get("reason"):
             r.add(f" ({cv.output['reason']})", "dim")
-        if cv.late:
-            r.add("  LATE", "bold magenta").add(f" {cv.late}", "magenta")
+        late = late_text(cv)
+        if late:
+            r.add("  LATE", "bold magenta").add(f" {late}", "magenta")
     elif r.kind in ("tool.result", "tool.cancelled"):
         r.add(f"⚙ {r.kind} for unknown call [{r.call}]", "dim")
 
@@ -385,7 +344,7 @@ def _summary(tl: Timeline) -> dict[str, Any]:
         "interrupted_replies": sum(1 for v in tl.replies.values() if v.interrupted),
         "tool_calls": len(tl.calls),
         "tool_outcomes": statuses,
-        "late_results": tl.counts["late_results"],
+        "late_results": sum(1 for c in tl.calls.values() if c.late is not None),
         "drops": kinds.count("session.dropped"),
         "resumes": kinds.count("session.resumed"),
         "handoffs": kinds.count("agent.handoff"),
@@ -486,7 +445,7 @@ def show(
                 "replies": [
                     {
                         "reply": v.reply,
-                        "generated": "".join(v.generated),
+                        "generated": v.generated,
                         "heard": v.heard,
                         "interrupted": v.interrupted,
                         "late_tokens": v.late_tokens,
@@ -497,11 +456,11 @@ def show(
                     {
                         "call_id": c.call,
                         "name": c.name,
-                        "reply": c.reply,
+                        "reply": owner_of(c),
                         "status": c.status,
                         "included": c.included,
                         "duration_ms": c.duration_ms(),
-                        "late": c.late,
+                        "late": late_text(c),
                         "output": c.output,
                     }
                     for c in tl.calls.values()

@@ -1,9 +1,10 @@
-"""What the timeline picture shows: items on lanes of one time axis, read from the context fold.
+"""What the timeline picture shows: items on lanes of one time axis, read from the call's read model.
 
-The fold (:class:`calltape.projections.ContextFold`) is the only authority on replies and calls: the
-events are folded one by one and every state drawn (interrupted or not, heard text, call outcome,
-included or not, dropped) is read from it, so the picture can never tell a different story than
-``calltape context``. The events only give the times and the details shown on hover or click.
+The read model (:class:`calltape.projections.callrecord.CallRecord`, over the context fold) is the
+only authority on replies and calls: every state drawn (interrupted or not, heard text, call outcome,
+included or not, when a playout was cut) is read from it, so the picture can never tell a different
+story than ``calltape context``, ``calltape show`` or ``calltape check`` (whose findings it reads from
+the same record). The events only give the times of the marks and the details shown on hover or click.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from calltape.checks import check_events
-from calltape.events import EVENT_TYPES, Event
-from calltape.projections import ContextFold
+from calltape.checks import check_facts
+from calltape.events import Event
+from calltape.projections.callrecord import CallRecord
 from calltape.runtime.latency import session_latencies
 
 LANES: Final[tuple[tuple[str, str], ...]] = (
@@ -77,27 +78,6 @@ class Picture:
 
 
 @dataclass(slots=True)
-class _Reply:
-    rid: str
-    start: int
-    seqs: list[int]
-    end: int
-    interrupted_at: int | None = None
-    speech_ended_at: int | None = None
-    late_tokens: int = 0
-
-
-@dataclass(slots=True)
-class _Call:
-    cid: str
-    call_at: int
-    seqs: list[int]
-    arguments: Any
-    started_at: int | None = None
-    end_at: int | None = None
-
-
-@dataclass(slots=True)
 class _Effect:
     """One run of an effect ``(name, key)``: from its ``started`` to the phase that settled it."""
 
@@ -143,13 +123,11 @@ _AFTER_THE_FACT = frozenset({"session.redacted"})
 
 
 def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> Picture:
-    """Folds ``events`` (one session, in seq order) into the items of its picture."""
+    """Reads ``events`` (one session, in seq order) into the items of its picture."""
     session = events[0].session if events else ""
-    fold = ContextFold(session or None)
+    record = CallRecord(session or None)
     first = events[0].at_ms if events else 0
     items: list[Item] = []
-    replies: dict[str, _Reply] = {}
-    calls: dict[str, _Call] = {}
     dropped: list[tuple[int, int]] = []
     drop_at: int | None = None
     speech_at: tuple[int, int] | None = None  # (offset, seq) of the open user.speech.started
@@ -169,7 +147,6 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         items.append(Item("vad", "speech", start, at, "", title, seqs, open=open_))
         speech_at = None
 
-    live: set[str] = set()  # replies not interrupted (yet)
     last = 0  # the call's own latest instant
     for event in events:
         seq = event.seq or 0
@@ -180,45 +157,14 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
             last = max(last, at)
         data = event.data
         kind = event.type
-        rid = data.get("reply")
-        ignored_before = fold.counters["interruptions_ignored"]
-        # the one reply this event may interrupt (the fold decides whether it does)
-        target = rid if rid is not None or kind != "interruption" else fold.latest_reply()
-        if kind == "interruption" and target is not None and (owner := replies.get(str(target))) is not None:
-            owner.seqs.append(seq)
-        fold.apply(event)
-        if kind in _REPLY_EVENTS and rid is not None:
-            reply = replies.get(str(rid))
-            if reply is None:
-                reply = replies[str(rid)] = _Reply(str(rid), at, [], at)
-                live.add(reply.rid)
-            if kind == "agent.text" and reply.rid not in live:
-                reply.late_tokens += 1
-            reply.seqs.append(seq)
-            reply.end = max(reply.end, at)
-            if kind == "agent.speech.ended" and reply.speech_ended_at is None:
-                reply.speech_ended_at = at
-        elif kind == "tool.call":
-            owner = replies.get(str(rid if rid is not None else fold.latest_reply()))
-            if owner is not None:
-                owner.seqs.append(seq)
-            calls.setdefault(str(data.get("call")), _Call(str(data.get("call")), at, [], data.get("arguments")))
+        applied = record.apply(event)
+        if applied.cut is not None and kind == "agent.speech.ended":
+            mark("interruption", "cut", at, "playout cut", f"playout of reply {applied.cut} cut", seq)
         if kind == "tool.effect":
             _on_effect(effects, items, data, at, seq)
-        elif kind.startswith("tool.") and (call := calls.get(str(data.get("call")))) is not None:
-            call.seqs.append(seq)
-            if kind == "tool.started" and call.started_at is None:
-                call.started_at = at
-            elif kind in ("tool.result", "tool.cancelled") and call.end_at is None:
-                call.end_at = at
-        if kind in _MAY_INTERRUPT and (cut := str(target)) in live and _interrupted(fold, cut):
-            live.discard(cut)
-            replies[cut].interrupted_at = at
-            if kind == "agent.speech.ended":
-                mark("interruption", "cut", at, "playout cut", f"playout of reply {cut} cut", seq)
-        if kind == "interruption":
+        elif kind == "interruption":
             cause = data.get("cause") or "user_speech"
-            if fold.counters["interruptions_ignored"] > ignored_before:
+            if applied.ignored:
                 title = f"interruption ({cause}) with no effect: nothing was playing, generating or running"
                 mark("interruption", "ignored", at, "", title, seq)
             else:
@@ -255,10 +201,11 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         running.item.end_ms = max(end, running.item.start_ms)
     if drop_at is not None:
         dropped.append((drop_at, end))
-    items.extend(_reply_items(fold, replies, end))
-    items.extend(_call_items(fold, calls, replies, end))
+    record.settle()
+    items.extend(_reply_items(record, first, end))
+    items.extend(_call_items(record, first, end))
     offsets = {e.seq or 0: min(e.at_ms - first, end) for e in events}
-    findings = check_events(events, session=session or None) if events else []
+    findings = check_facts(record) if events else []
     for found in findings:
         at = offsets.get(found.seq, end)
         items.append(Item("finding", "finding", at, None, found.rule, f"{found.rule}: {found.message}", [found.seq]))
@@ -277,20 +224,6 @@ def build_picture(events: list[Event], header: dict[str, Any] | None = None) -> 
         session_latencies(events).summary(),
         [f.to_json() for f in findings],
     )
-
-
-_REPLY_EVENTS: Final = frozenset(
-    t for t in EVENT_TYPES if t.startswith("agent.") and t not in ("agent.handoff", "agent.instructions")
-)
-"""The events of one reply (they all carry ``reply``)."""
-_MAY_INTERRUPT: Final = frozenset(("interruption", "agent.speech.ended"))
-"""The events that may interrupt a reply: an ``interruption`` (its reply, else the latest) and an
-``agent.speech.ended`` with ``interrupted`` (its reply). Whether they do is read from the fold."""
-
-
-def _interrupted(fold: ContextFold, rid: str) -> bool:
-    state = fold.reply_state(rid)
-    return bool(state and state.interrupted)
 
 
 def _session_started(data: dict[str, Any]) -> tuple[str, str]:
@@ -322,93 +255,83 @@ _CALL_MARKS: Final[dict[str, Callable[[dict[str, Any]], tuple[str, str]]]] = {
 """Call-lane markers: event type -> (label, title) from its data."""
 
 
-def _reply_items(fold: ContextFold, replies: dict[str, _Reply], end: int) -> list[Item]:
+def _offset(at_ms: int | None, first: int) -> int | None:
+    return None if at_ms is None else at_ms - first
+
+
+def _reply_items(record: CallRecord, first: int, end: int) -> list[Item]:
+    """One span per reply with events of its own, from its first event to where its playout stopped."""
     out = []
-    open_ids = {r.reply for r in fold.open_replies()}
-    for view in replies.values():
-        state = fold.reply_state(view.rid)
-        if state is None:
+    open_ids = {r.reply for r in record.fold.open_replies()}
+    for span in record.replies.values():
+        state = record.reply_state(span.reply)
+        if state is None or span.own_at_ms is None or span.end_at_ms is None:
             continue
+        start = span.own_at_ms - first
         generated, heard = state.generated, state.heard
         unheard = generated[len(heard) :] if generated.startswith(heard) else ("" if heard else generated)
         if state.interrupted:
             status = "unheard" if not heard.strip() else "interrupted"
         else:
             status = "heard"
-        stop = view.speech_ended_at if view.speech_ended_at is not None else view.interrupted_at
-        is_open = view.rid in open_ids
-        span_end = end if is_open else (stop if stop is not None else view.end)
-        title = f"reply {view.rid}"
+        stop = _offset(
+            span.speech_ended_at_ms if span.speech_ended_at_ms is not None else span.interrupted_at_ms, first
+        )
+        is_open = span.reply in open_ids
+        span_end = end if is_open else (stop if stop is not None else span.end_at_ms - first)
+        title = f"reply {span.reply}"
         if state.interrupted:
             title += " · interrupted"
         title += f" · heard: {heard!r}" if heard else " · nothing heard"
         if unheard:
             title += f" · generated but not heard: {unheard!r}"
-        if view.late_tokens:
-            title += f" · {view.late_tokens} late token(s) after the interruption ignored"
+        if span.late_text_seqs:
+            title += f" · {len(span.late_text_seqs)} late token(s) after the interruption ignored"
         if is_open:
             title += " · still " + ("generating" if state.generating else "waiting for playout")
         label = heard if heard or unheard else "(no text)"
         out.append(
             Item(
-                "reply",
-                "reply",
-                view.start,
-                max(span_end, view.start),
-                label,
-                title,
-                view.seqs,
-                status,
-                heard,
-                unheard,
-                is_open,
+                "reply", "reply", start, max(span_end, start), label, title, span.seqs, status, heard, unheard, is_open
             )
         )
     return out
 
 
-def _call_items(fold: ContextFold, calls: dict[str, _Call], replies: dict[str, _Reply], end: int) -> list[Item]:
+def _call_items(record: CallRecord, first: int, end: int) -> list[Item]:
+    """One span per tool call, from the call to its first settling event (or the end, or its reply's cut)."""
     out = []
-    for state in fold.tool_calls():
-        view = calls.get(state.call_id)
-        if view is None:
+    for state in record.tool_states():
+        call = record.calls.get(state.call_id)
+        if call is None:
             continue
+        call_at = call.at_ms - first
         status = state.status if state.included else "excluded"
-        reply = replies.get(state.reply)
-        interrupted_at = reply.interrupted_at if reply is not None else None
+        reply = record.replies.get(state.reply)
+        interrupted_at = _offset(reply.interrupted_at_ms, first) if reply is not None else None
+        end_at = _offset(call.end_at_ms, first)
+        took = call.duration_ms()
         is_open = state.status == "in_progress"
-        if view.end_at is not None:
-            stop = view.end_at
+        if end_at is not None:
+            stop = end_at
         elif is_open:
             stop = end
         else:  # settled by the fold with no event of its own: cancelled with its reply
-            stop = max(interrupted_at or view.call_at, view.call_at)
+            stop = max(interrupted_at or call_at, call_at)
         title = f"{state.name}({state.arguments}) [{state.call_id}] → {state.status}"
-        if view.end_at is not None:
-            title += f" in {_ms(view.end_at - (view.started_at if view.started_at is not None else view.call_at))}"
-        if view.started_at is None and state.status != "completed":
+        if took is not None:
+            title += f" in {_ms(took)}"
+        if call.started_at_ms is None and state.status != "completed":
             title += " · never started"
         if not state.included:
             title += " · not in the context: its reply was interrupted before it started"
         label = f"{state.name} → {state.status}" if state.included else f"{state.name} · not in the context"
-        if view.end_at is not None:
-            label += f" · {_ms(view.end_at - (view.started_at if view.started_at is not None else view.call_at))}"
-        if state.status in ("completed", "error") and interrupted_at is not None and view.end_at is not None:
-            if view.end_at >= interrupted_at:
+        if took is not None:
+            label += f" · {_ms(took)}"
+        if state.status in ("completed", "error") and interrupted_at is not None and end_at is not None:
+            if end_at >= interrupted_at:
                 title += " · the result arrived after the barge-in (kept in the context)"
-        out.append(
-            Item(
-                "tool",
-                "tool",
-                view.call_at,
-                stop,
-                label,
-                title,
-                view.seqs,
-                status,
-                open=is_open,
-            )
-        )
+        out.append(Item("tool", "tool", call_at, stop, label, title, call.seqs, status, open=is_open))
     return out
 
 

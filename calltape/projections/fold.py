@@ -329,18 +329,29 @@ class ContextFold:
             c = self._calls.get(call_id)
         return None if c is None else call_state(c)
 
-    def reply_state(self, reply: str) -> ReplyState | None:
-        """One reply's state (the runtime's interruption-aware waits); None: never seen."""
+    def _reply_record(self, reply: str) -> Reply | None:
         r = self._replies.get(reply)
         if r is None and self._frozen is not None and reply in self._frozen.replies:
             _snapshot.thaw(self)
             r = self._replies.get(reply)
+        return r
+
+    def reply_state(self, reply: str) -> ReplyState | None:
+        """One reply's state (the runtime's interruption-aware waits); None: never seen."""
+        r = self._reply_record(reply)
         return None if r is None else self._reply_state(r)
 
     def replies(self) -> list[ReplyState]:
         """Every reply, in the order they began (anonymous ones have ids starting with NUL)."""
         _snapshot.thaw(self)
         return [self._reply_state(item) for item in self._items if isinstance(item, Reply)]
+
+    def reply_active(self, reply: str) -> bool:
+        """Whether an interruption would cut ``reply`` now: still generating, its playout unfinished,
+        or an included call of it unsettled (the one test; see "Interruption targeting" above).
+        False for an unknown reply."""
+        r = self._reply_record(reply)
+        return r is not None and self._active(r)
 
     def open_replies(self) -> list[ReplyState]:
         """Replies that keep the state unclean: still generating or waiting to be heard (never frozen)."""

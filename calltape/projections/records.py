@@ -208,10 +208,11 @@ class ReplyState:
     """The latest ``heard`` given by an event, None when none was."""
 
     @property
-    def played_out(self) -> bool:
+    def played(self) -> bool:
         """Played to its end uninterrupted (SPEC section 8): its speech ended, or, with nothing to play,
-        it is done. A step's reply whose speech ended counts even before it is done (LiveKit marks it
-        done only after the step's tools ran)."""
+        it is done. What a heard-first effect and a wait for playout wait for. A step's reply whose
+        speech ended counts even before it is done (LiveKit marks it done only after the step's tools
+        ran: waiting for that would be a deadlock)."""
         if self.interrupted:
             return False
         return self.speech_ended or not (self.generating or self.awaiting_playout)

@@ -7,7 +7,8 @@ Four figures (SPEC section 7), each a set of millisecond samples taken from the 
   end moves to the next stop). Playout that begins with no user turn waiting (a greeting, the second
   sentence after a tool) is not a response and takes no sample.
 * ``interruption_to_agent_stopped``: an ``interruption`` that lands while its reply is playing to that
-  reply's ``agent.speech.ended``: how long the agent talked over the user.
+  reply's ``agent.speech.ended``: how long the agent talked over the user. The interval is
+  :class:`~calltape.projections.callrecord.Playouts`'s, the one ``calltape check``'s ``talk-over`` reads.
 * ``reply_to_first_text``: ``agent.reply.started`` to the reply's first ``agent.text``.
 * ``tool_duration``, by tool name: ``tool.started`` to its ``tool.result`` or ``tool.cancelled``.
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from calltape.errors import StoreUnavailable
 from calltape.events import Event
+from calltape.projections.callrecord import Playouts
 
 if TYPE_CHECKING:
     from calltape.eventstore import EventStore, FeedPosition
@@ -61,18 +63,16 @@ class _Session:
     latest_reply: str | None = None
     replies: set[str] = field(default_factory=set)
     awaiting_text: dict[str, int] = field(default_factory=dict)
-    playing: set[str] = field(default_factory=set)
-    spoken: set[str] = field(default_factory=set)
-    talk_over: dict[str, int] = field(default_factory=dict)
+    playouts: Playouts = field(default_factory=Playouts)
+    """Playing replies and open barge-ins: the talk-over rule ``calltape check`` reads too."""
     tool_names: dict[str, str] = field(default_factory=dict)
     tool_started: dict[str, int] = field(default_factory=dict)
 
-    def forget_waits(self) -> None:
-        """A drop: nothing that was waiting will end in a measurement."""
+    def forget_waits(self, at_ms: int) -> None:
+        """A drop: nothing that was waiting will end in a measurement (a playout it stopped included)."""
         self.stopped_at = None
         self.awaiting_text.clear()
-        self.playing.clear()
-        self.talk_over.clear()
+        self.playouts.stop_all(at_ms, "session.dropped")
         self.tool_started.clear()
 
 
@@ -150,20 +150,19 @@ class LatencyTracker:
         elif kind == "agent.speech.started":
             take(RESPONSE, st.stopped_at)
             st.stopped_at = None
-            if rid is not None and rid not in st.spoken:
-                st.playing.add(rid)
+            if rid is not None:
+                st.playouts.start(rid)
         elif kind == "agent.speech.progress":
-            if rid is not None and rid not in st.spoken:
-                st.playing.add(rid)  # progress implies the playout started
+            if rid is not None:
+                st.playouts.start(rid)  # progress implies the playout started
         elif kind == "agent.speech.ended":
             if rid is not None:
-                st.playing.discard(rid)
-                st.spoken.add(rid)
-                take(TALK_OVER, st.talk_over.pop(rid, None))
+                barge = st.playouts.end(rid, at)
+                take(TALK_OVER, barge.at_ms if barge is not None else None)
         elif kind == "interruption":
             target = rid if rid is not None else st.latest_reply
-            if target is not None and target in st.playing:
-                st.talk_over.setdefault(target, at)
+            if target is not None:
+                st.playouts.barge(target, event.seq or 0, at, st.playouts.playing(target))
         elif kind == "tool.call":
             call, name = data.get("call"), data.get("name")
             if isinstance(call, str) and isinstance(name, str):
@@ -177,7 +176,7 @@ class LatencyTracker:
             if isinstance(call, str):
                 take(TOOL, st.tool_started.pop(call, None), st.tool_names.get(call, "?"))
         elif kind == "session.dropped":
-            st.forget_waits()
+            st.forget_waits(at)
         return samples
 
 

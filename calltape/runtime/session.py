@@ -278,7 +278,7 @@ class CallSession:
         reply = event.data["reply"]
         if self.playout.has(reply):
             state = self.fold.reply_state(reply)
-            if state is not None and state.played_out:
+            if state is not None and state.played:
                 self.playout.finish(reply)
 
     def _on_handoff(self, event: Event) -> None:
@@ -495,7 +495,7 @@ class CallSession:
         state = self.fold.reply_state(rid)
         if state is not None and state.interrupted:
             raise Interrupted(rid)
-        if state is None or state.played_out:
+        if state is None or state.played:
             return
         future = self.playout.add(rid)
         started = time.perf_counter()

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from calltape.events import Event
-from calltape.projections import ContextFold
+from calltape.projections.callrecord import CallRecord
 from calltape.projections.effects import EffectLog
 from calltape.runtime.latency import Latencies, LatencyTracker, percentile
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE
@@ -15,25 +15,24 @@ from calltape.runtime.recovery import RECOVERY_EVENT_TYPE
 
 def session_stats(events: Iterable[Event], *, into: Latencies | None = None) -> dict[str, Any]:
     """Counts, tool outcomes and durations, the recoveries calltape performed, and the voice latency
-    figures (:mod:`calltape.runtime.latency`); ``into`` also receives the latency samples, for totals."""
-    fold = ContextFold()
-    effects = EffectLog()
+    figures (:mod:`calltape.runtime.latency`); ``into`` also receives the latency samples, for totals.
+    The call's state (outcomes, interruptions, effects) is read from its
+    :class:`~calltape.projections.callrecord.CallRecord`."""
+    record = CallRecord()
     types: Counter[str] = Counter()
     recoveries: Counter[str] = Counter()
     tracker = LatencyTracker()
     latencies = Latencies()
-    first = last = None
     for event in events:
-        if not fold.apply(event):
+        if not record.apply(event).new:
             continue  # a duplicate id: it happened once
-        effects.apply(event)
         for sample in tracker.observe(event):
             latencies.add(sample)
         types[event.type] += 1
-        first = event.at_ms if first is None else first
-        last = event.at_ms
         if event.type == RECOVERY_EVENT_TYPE:
             recoveries[str(event.data.get("kind"))] += 1
+    fold, effects = record.fold, record.effects
+    first, last = record.first_at_ms, record.last_at_ms
     if into is not None:
         into.update(latencies)
     durations = [ms for values in latencies.tools.values() for ms in values]

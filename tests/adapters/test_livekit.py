@@ -320,9 +320,16 @@ async def test_closed_mid_tool_resumes_into_new_session(store: EventStore, sessi
     await in_tool.wait()
     # the crash comes after the agent said so: LiveKit runs the tool while the reply's text is still
     # streaming (on a loaded machine the tool may start first)
-    async with asyncio.timeout(10):
-        while ("assistant", "Booking now.") not in _kinds(call.context()):
-            await asyncio.sleep(0.01)
+    said = asyncio.Event()
+
+    def hear(_: Any) -> None:
+        if ("assistant", "Booking now.") in _kinds(call.context()):
+            said.set()
+
+    call.add_listener(hear)
+    hear(None)
+    await asyncio.wait_for(said.wait(), 10)
+    call.remove_listener(hear)
 
     # upstream: what the session knows mid-tool (what a crash leaves to recover from)
     assert ("function_call", "call_1") not in items(first.history)

@@ -420,15 +420,9 @@ class CalltapeObserver(BaseObserver):
     # interruption and speech
 
     def _active(self, rid: str) -> bool:
-        """The fold's own test: generating, unheard, or with an included call still running."""
-        st = self.replies.state(rid)
-        if st is None or st.interrupted:
-            return False
-        if st.generating or st.awaiting_playout:
-            return True
-        return any(
-            c.reply == rid and c.included and c.status == "in_progress" for c in self.replies.view().tool_calls()
-        )
+        """The fold's own test (:meth:`ReplyTracker.active`): generating, unheard, or with an
+        included call still running."""
+        return self.replies.active(rid)
 
     def _interruption(self) -> None:
         # The user's when they spoke since the reply began (the VAD edge may well be over by the time
