@@ -168,11 +168,9 @@ def test_guarded_tool_done_before_the_barge_in_stays_in_livekits_context(tmp_pat
     ]
 
 
-def test_unguarded_tool_waiting_for_playout_is_released_by_the_barge_in(tmp_path: Path, session_id: str) -> None:
-    """``ctx.wait_for_playout()`` in a tool LiveKit runs itself ends soon after the barge-in, with
-    calltape attached (it must not wait for the session to close). A guard: the hang reported on
-    1.6.5 did not reproduce here (text and voice sessions, an LLM or a realtime model, calls before
-    or after the preamble, a second tool step, a voice barge-in or ``interrupt()``)."""
+def released_by_the_barge_in(tmp_path: Path, session_id: str) -> None:
+    """A LiveKit tool (unguarded) waits on ``ctx.wait_for_playout()``; the reply is interrupted while it
+    plays: the tool must be released soon after, not when the session closes."""
     released: list[float] = []
 
     class Announcer(Agent):
@@ -202,3 +200,25 @@ def test_unguarded_tool_waiting_for_playout_is_released_by_the_barge_in(tmp_path
         Step("Anything else?"),
     ]
     voice_call(tmp_path, session_id, ScriptedLLM(steps), Announcer(), drive)
+
+
+def test_unguarded_tool_waiting_for_playout_is_released_by_the_barge_in(tmp_path: Path, session_id: str) -> None:
+    """``ctx.wait_for_playout()`` in a tool LiveKit runs itself ends soon after the barge-in, with
+    calltape attached (it must not wait for the session to close)."""
+    released_by_the_barge_in(tmp_path, session_id)
+
+
+def test_a_failing_tap_handler_never_breaks_livekits_own_flow(
+    tmp_path: Path, session_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 4's hang: LiveKit's event emitter re-raises a listener's ``TypeError`` into the task that
+    emitted the event; raised by the tap while LiveKit adds an interrupted reply's message, it skipped
+    LiveKit's "generation done", so ``ctx.wait_for_playout()`` waited until the session closed. Whatever
+    goes wrong in the tap stays in the tap (logged by type, without the event's content)."""
+
+    def broken(self: LiveKitTap, ev: Any) -> None:
+        raise TypeError("a tap defect")
+
+    monkeypatch.setattr(LiveKitTap, "_on_item_added", broken)
+    released_by_the_barge_in(tmp_path, session_id)
+    assert "TypeError" in caplog.text and "a tap defect" not in caplog.text

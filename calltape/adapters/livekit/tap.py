@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -63,6 +65,8 @@ from livekit.agents.voice.events import (
 from calltape.adapters.livekit.context import instructions_of
 from calltape.adapters.replies import ReplyTracker
 from calltape.runtime.protocol import EventSink, LiveCall
+
+log = logging.getLogger("calltape.adapters.livekit")
 
 __all__ = ["CallSink", "LiveKitTap", "attach", "tap_of"]
 
@@ -140,6 +144,7 @@ class LiveKitTap:
             ("function_tools_executed", self._on_tools_executed),
             ("close", self._on_close),
         ]
+        self._handlers = [(name, _contained(name, handler)) for name, handler in self._handlers]
         for name, handler in self._handlers:
             session.on(name, handler)  # type: ignore[arg-type]
         setattr(session, _TAP_ATTR, self)
@@ -674,3 +679,19 @@ def tap_of(session: AgentSession[Any]) -> LiveKitTap | None:
     """The tap attached to ``session``, if any."""
     tap = getattr(session, _TAP_ATTR, None)
     return tap if isinstance(tap, LiveKitTap) else None
+
+
+def _contained(name: str, handler: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A handler whose failure stays in the tap: LiveKit's event emitter re-raises a listener's
+    ``TypeError`` into the task that emitted the event, where it skipped LiveKit's own bookkeeping (an
+    interrupted reply's generation never marked done: ``ctx.wait_for_playout()`` hung until the session
+    closed). Logged by type only: the event may hold what the caller said."""
+
+    @functools.wraps(handler)
+    def contained(ev: Any) -> None:
+        try:
+            handler(ev)
+        except Exception as exc:
+            log.error("calltape: the LiveKit tap failed on %s (%s); the call goes on", name, type(exc).__name__)
+
+    return contained
