@@ -10,7 +10,10 @@ Two experiments against a scratch PostgreSQL database (created and dropped here)
   place. Audit: every acknowledged event is stored exactly once, and every session's seq is gapless.
 * **outages**: one recorder, 50 sessions emitting 20 events/s each, talking to PostgreSQL through a TCP
   proxy that is cut for a few seconds, several times. Audit: every emitted event is stored exactly
-  once, in emit order, with gapless seqs, and ``emit()`` never blocked.
+  once, in emit order, with gapless seqs, and ``emit()`` never blocked. With ``--stop`` and ``--start``
+  (shell commands) each outage stops the PostgreSQL server itself and starts it again instead, e.g.
+  ``--stop 'pg_ctlcluster 15 faults stop -m immediate' --start 'pg_ctlcluster 15 faults start'``: give
+  it a server of its own, never one that other work uses.
 
 Prints one JSON object with the counts (``lost`` and ``duplicated`` must be 0).
 """
@@ -120,7 +123,13 @@ def run_kills(url: str, kills: int) -> dict[str, Any]:
     return {"kills": kills, "acknowledged": len(acked), **result}
 
 
-async def run_outages(url: str, outages: int) -> dict[str, Any]:
+async def _shell(command: str) -> None:
+    proc = await asyncio.create_subprocess_shell(command)
+    if await proc.wait() != 0:
+        raise RuntimeError(f"{command!r} failed")
+
+
+async def run_outages(url: str, outages: int, stop: str | None = None, start: str | None = None) -> dict[str, Any]:
     from sqlalchemy.engine import make_url
 
     from calltape.events import make_event
@@ -159,9 +168,9 @@ async def run_outages(url: str, outages: int) -> dict[str, Any]:
     try:
         for _ in range(outages):
             await asyncio.sleep(2)
-            await proxy.kill()
+            await (_shell(stop) if stop else proxy.kill())
             await asyncio.sleep(random.uniform(2, 5))
-            await proxy.restart()
+            await (_shell(start) if start else proxy.restart())
         await asyncio.sleep(2)
     finally:
         producing = False
@@ -180,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default=os.environ.get("CALLTAPE_BENCH_DB", DEFAULT_ADMIN_URL))
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--outages", type=int, default=6)
+    parser.add_argument("--stop", help="a shell command that stops the PostgreSQL server (with --start)")
+    parser.add_argument("--start", help="a shell command that starts it again")
     args = parser.parse_args(argv)
+    if (args.stop is None) != (args.start is None):
+        parser.error("--stop and --start go together")
 
     report: dict[str, Any] = {}
 
@@ -190,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             loop = asyncio.get_running_loop()
             report["kills"] = await loop.run_in_executor(None, run_kills, url, args.kills)
         async with scratch_database(args.db) as db:
-            report["outages"] = await run_outages(db.url, args.outages)
+            report["outages"] = await run_outages(db.url, args.outages, args.stop, args.start)
 
     asyncio.run(run())
     sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
