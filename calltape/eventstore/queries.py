@@ -262,7 +262,8 @@ _SAVE_SNAPSHOT = Query(
 def _load_snapshot(bounded: bool) -> Query:
     def build(_: str) -> ClauseElement:
         c = snapshots.c
-        stmt = select(c.seq, c.state).where(_session_is(snapshots), c.version == bindparam("version"))
+        # seq > 0: the rows at negative seqs are segments of snapshots (see save_snapshot_segments)
+        stmt = select(c.seq, c.state).where(_session_is(snapshots), c.version == bindparam("version"), c.seq > 0)
         if bounded:
             stmt = stmt.where(c.seq <= bindparam("max_seq"))
         return stmt.order_by(c.seq.desc()).limit(1)

@@ -126,6 +126,7 @@ async def test_snapshot_segments(store, session_id):
     assert sorted(await store.load_snapshot_segments(session_id, 3)) == [(-9, b"nine"), (-5, b"five"), (-2, b"two")]
     assert await store.load_snapshot_segments(session_id, 4) == [(-5, b"v4")]
     assert await store.load_snapshot(session_id, 3) == (4, b"header")
+    assert await store.load_snapshot(session_id, 3, max_seq=3) is None  # a segment is never a snapshot
     await store.save_snapshot_segments(session_id, 3, [])
 
 
