@@ -112,7 +112,10 @@ class ResumeResults:
     snapshot_seq: int = 0
     rebuild_ms: list[float] = field(default_factory=list)
     """``build_context`` from the snapshot plus the dropped tail, before the first resume."""
+    rebuild_cold_ms: list[float] = field(default_factory=list)
+    """The same with the process's segment cache emptied first (a process that never read the call)."""
     snapshot_bytes: int = 0
+    """The stored snapshot: its header and every segment it names."""
 
 
 def _open_tail(k: int, epoch: int, agent: str) -> list[tuple[str, dict[str, Any]]]:
@@ -135,7 +138,7 @@ async def resume_benchmark(
     store: EventStore, *, events: int, repeats: int, log: Callable[[str], None]
 ) -> ResumeResults:
     from calltape.events import make_event
-    from calltape.projections import FOLD_VERSION, build_context, snapshot_now
+    from calltape.projections import FOLD_VERSION, build_context, segments, snapshot_now
     from calltape.runtime import ToolSpec, resume
 
     session = f"hour-{events}"
@@ -158,12 +161,21 @@ async def resume_benchmark(
     await drop(0)
     loaded = await store.load_snapshot(session, FOLD_VERSION)
     res.snapshot_bytes = len(loaded[1]) if loaded is not None else 0
+    load_segments = getattr(store, "load_snapshot_segments", None)
+    if load_segments is not None:
+        res.snapshot_bytes += sum(len(body) for _, body in await load_segments(session, FOLD_VERSION))
     for i in range(12):
         gc.collect()
         t0 = time.perf_counter()
         await build_context(store, session)
         if i >= 2:
             res.rebuild_ms.append((time.perf_counter() - t0) * 1000)
+    for _ in range(5):
+        segments.CACHE.clear()
+        gc.collect()
+        t0 = time.perf_counter()
+        await build_context(store, session)
+        res.rebuild_cold_ms.append((time.perf_counter() - t0) * 1000)
     # dry runs: the same plan again and again, nothing appended
     for i in range(repeats + 3):
         gc.collect()

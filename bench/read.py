@@ -19,7 +19,7 @@ from bench.db import Scratch
 from bench.workload import Step, clean_timeline
 from calltape.events import Event, new_event_id
 from calltape.eventstore import EventStore
-from calltape.projections import FOLD_VERSION, ContextFold, build_context
+from calltape.projections import ContextFold, build_context, segments
 
 
 def fold(events: list[Event], session: str) -> ContextFold:
@@ -90,6 +90,7 @@ class ReadResults:
     fold_only: list[float] = field(default_factory=list)
     es_rebuild: list[float] = field(default_factory=list)
     rebuild_snapshot: list[float] = field(default_factory=list)
+    rebuild_snapshot_cold: list[float] = field(default_factory=list)
     snapshot_tail: int = 0
     snapshot_bytes: int = 0
     context_items: int = 0
@@ -185,14 +186,20 @@ async def read_benchmarks(
     head = fold(stored[: len(stored) - snapshot_tail], session)
     snap_seq = head.last_clean_seq
     snap = fold(stored[:snap_seq], session)
-    blob = snap.to_snapshot()
-    await store.save_snapshot(session, snap_seq, FOLD_VERSION, blob)
+    captured = snap.capture()
+    await segments.save(store, session, captured)  # as build_context saves: a header beside segments
     res.snapshot_tail = len(stored) - snap_seq
-    res.snapshot_bytes = len(blob)
+    res.snapshot_bytes = len(segments.header_bytes(captured)) + sum(len(s.body()) for s in captured.segments)
 
     async def with_snapshot() -> Any:
         return await build_context(store, session)
 
     res.rebuild_snapshot, ctx2 = await timed(with_snapshot, max(repeats, 10), warmup=2)
     assert ctx2.native() == ctx.native()
+
+    async def cold_process() -> Any:  # a process that never read this call: its segment cache is empty
+        segments.CACHE.clear()
+        return await build_context(store, session)
+
+    res.rebuild_snapshot_cold, _ = await timed(cold_process, max(repeats, 10), warmup=2)
     return res

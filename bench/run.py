@@ -32,6 +32,7 @@ HEADLINE_KEYS = (
     "rebuild_ratio_vs_raw_read",
     "rebuild_snapshot_ms",
     "resume_p99_ms",
+    "resume_growth_200k_vs_10k",
     "interrupt_release_p99_ms",
     "read_ratio_vs_eventsourcing",
     "read_ratio_vs_raw",
@@ -48,6 +49,7 @@ GOALS: dict[str, tuple[str, float, str, str]] = {
     "rebuild_ratio_vs_raw_read": (">=", 0.8, "x", "cold rebuild ÷ raw asyncpg read + orjson decode"),
     "rebuild_snapshot_ms": ("<=", 5.0, "ms", "rebuild from the newest snapshot + tail"),
     "resume_p99_ms": ("<=", 10.0, "ms", "resume (plan + settle + append) of a 1-hour call"),
+    "resume_growth_200k_vs_10k": ("<=", 1.3, "x", "resume p99 at 200k events ÷ at 10k (--quick: 10k ÷ 2k)"),
     "interrupt_release_p99_ms": ("<=", 1.0, "ms", "interrupt() → wait_for_playout waiter released"),
     "read_ratio_vs_eventsourcing": (">=", 3.0, "x", "store.read of one long session ÷ eventsourcing"),
     "read_ratio_vs_raw": (">=", 0.9, "x", "store.read ÷ raw asyncpg read + orjson decode"),
@@ -359,6 +361,7 @@ class Suite:
             "read_ratio_vs_raw": vs_raw.json(),
             "rebuild_ratio_vs_eventsourcing_repository_get": _paired(r.es_rebuild, r.rebuild_cold).json(),
             "rebuild_snapshot_ms_p99": _r(percentile([x * 1000 for x in r.rebuild_snapshot], 99), 2),
+            "rebuild_snapshot_cold_process_ms": ms(r.rebuild_snapshot_cold),
             "snapshot_tail_events": r.snapshot_tail,
             "snapshot_bytes": r.snapshot_bytes,
             "context_items": r.context_items,
@@ -393,11 +396,16 @@ class Suite:
                     "resume_p99_ms": _r(percentile(rn.real_ms, 99), 2),
                     "dry_run_p99_ms": _r(percentile(rn.dry_run_ms, 99), 2),
                     "rebuild_snapshot_ms": _r(statistics.median(rn.rebuild_ms), 2),
+                    "rebuild_snapshot_cold_ms": _r(statistics.median(rn.rebuild_cold_ms), 2),
                     "snapshot_bytes": rn.snapshot_bytes,
                     "repeats": len(rn.real_ms),
                 }
             )
         self.result["resume_p99_ms"] = _r(percentile(r.real_ms, 99), 2)
+        # growth: p99 at the largest size over p99 at the smallest (200k and 10k in a full run)
+        smallest, largest = by_events[0]["resume_p99_ms"], by_events[-1]["resume_p99_ms"]
+        if smallest and largest is not None:
+            self.result["resume_growth_200k_vs_10k"] = _r(largest / smallest, 2)
         self.spread["resume_p99_ms"] = Spread(percentile(r.real_ms, 99), min(r.real_ms), max(r.real_ms), len(r.real_ms))
         self.details["resume"] = {
             "events": r.events,

@@ -262,12 +262,20 @@ _SAVE_SNAPSHOT = Query(
 def _load_snapshot(bounded: bool) -> Query:
     def build(_: str) -> ClauseElement:
         c = snapshots.c
-        stmt = select(c.seq, c.state).where(_session_is(snapshots), c.version == bindparam("version"))
+        # seq > 0: the rows at negative seqs are segments of snapshots (see save_snapshot_segments)
+        stmt = select(c.seq, c.state).where(_session_is(snapshots), c.version == bindparam("version"), c.seq > 0)
         if bounded:
             stmt = stmt.where(c.seq <= bindparam("max_seq"))
         return stmt.order_by(c.seq.desc()).limit(1)
 
     return Query(build)
+
+
+_LOAD_SEGMENTS = Query(
+    lambda _: select(snapshots.c.seq, snapshots.c.state).where(
+        _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
+    )
+)
 
 
 def _older(last_at_ms: int | None, before_ms: int | None) -> bool:
@@ -424,6 +432,28 @@ class SqlEventStore(EventStore):
         query = _load_snapshot(max_seq is not None)
         rows = await self._fetch(query, session=session, version=version, max_seq=max_seq)
         return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+    async def save_snapshot_segments(self, session: str, version: int, segments: Sequence[tuple[int, bytes]]) -> None:
+        """Stores snapshot segments (:mod:`calltape.projections.segments`) as snapshot rows at their
+        negative slots, in one transaction; a slot already stored is left as it is."""
+        if not segments or await self._hidden(session):
+            return
+        now = now_ms()
+        async with self._db(write=True) as db:
+            await db.executemany(
+                _SAVE_SNAPSHOT,
+                [
+                    {"session": session, "version": version, "seq": seq, "state": body, "created_at_ms": now}
+                    for seq, body in segments
+                ],
+            )
+
+    async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
+        """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""
+        if await self._hidden(session):
+            return []
+        rows = await self._fetch(_LOAD_SEGMENTS, session=session, version=version)
+        return [(row[0], bytes(row[1])) for row in rows]
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from calltape.errors import CalltapeError, SessionNotFound
 from calltape.events import Event
+from calltape.projections import segments
 from calltape.projections.fold import FOLD_VERSION, ContextFold
 from calltape.projections.instant import AtOffset, AtSeq, AtTime, Instant, parse_instant
 from calltape.projections.snapshot import Captured
@@ -106,7 +107,7 @@ async def build_context(
         loaded = await store.load_snapshot(session, FOLD_VERSION, max_seq=n)
         if loaded is not None:
             try:
-                fold = ContextFold.from_snapshot(loaded[1])
+                fold = await segments.restore(store, session, loaded[1])
             except CalltapeError:
                 fold = None
             else:
@@ -125,7 +126,7 @@ async def build_context(
     pending = _fold_with_snapshots(fold, tail, base, max(1, snapshots.every))
     if pending is not None:
         try:
-            await store.save_snapshot(session, pending.seq, FOLD_VERSION, pending.to_bytes())
+            await segments.save(store, session, pending)
         except CalltapeError:
             pass
     return fold
@@ -173,7 +174,7 @@ async def snapshot_now(store: ContextStore, session: str, fold: ContextFold | No
         if live is None or live.last_clean_seq > last:
             latest = await build_context(store, session, snapshots=None)
             if latest.clean and latest.seq > 0:
-                await store.save_snapshot(session, latest.seq, FOLD_VERSION, latest.to_snapshot())
+                await segments.save(store, session, latest.capture())
                 return latest.seq
             seq = latest.last_clean_seq
         else:
@@ -183,5 +184,5 @@ async def snapshot_now(store: ContextStore, session: str, fold: ContextFold | No
         target = await build_context(store, session, AtSeq(seq), snapshots=None)
         if not target.clean or target.seq != seq:
             return 0
-    await store.save_snapshot(session, target.seq, FOLD_VERSION, target.to_snapshot())
+    await segments.save(store, session, target.capture())
     return target.seq

@@ -369,10 +369,11 @@ class ContextFold:
         """The reply an ``interruption`` without ``reply`` targets."""
         return self._last_reply.id if self._last_reply is not None else None
 
-    def native(self) -> dict[str, Any]:
-        """The ``native`` context (SPEC section 2, Formats)."""
+    def native(self, *, frozen: bool = True) -> dict[str, Any]:
+        """The ``native`` context (SPEC section 2, Formats). ``frozen=False`` leaves out the frozen
+        items (those right after the system item): a resume plan adds them as the bytes they are."""
         items = [_native.system_item(self.instructions)]
-        if self._frozen is not None:
+        if frozen and self._frozen is not None:
             items.extend(self._frozen.native())
         pending: list[dict[str, Any]] = []
         _native.items_json(self._items, items, pending)

@@ -16,9 +16,10 @@ a query over every call or reply, *thaws* the fold first: the records are decode
 and the fold continues exactly as if it had never been frozen. That is rare, and costs the call's
 length once.
 
-**Layout** (version 2). Five lines, each one compact JSON document (JSON never holds a raw newline):
+**Layout** (version 3; the lines of version 2). Five lines, each one compact JSON document (JSON never
+holds a raw newline):
 
-1. the header: ``{"v": 2, ...named scalars..., "live": [records], "frozen": {"items", "bytes"}}``;
+1. the header: ``{"v": 3, ...named scalars..., "live": [records], "frozen": {"items", "bytes"}}``;
 2. the frozen native items, a JSON array;
 3. the frozen records, a JSON array of ``{"kind": "user"|"reply"|"handoff", ...}`` objects (a reply
    record holds its calls);
@@ -32,10 +33,17 @@ snapshot of another :data:`FOLD_VERSION` (the v0.1 layout was version 1) is refu
 Encoding is deterministic: a fold restored from a snapshot and fed the tail encodes to the same
 bytes as the full fold (the property tests check it), because frozen lines are concatenations of
 per-item encodings and the settled prefix depends on the state alone.
+
+**Segments.** Each freeze adds one :class:`Segment`: the four parts it appended to the frozen lines.
+Segments never change once made, so a store keeps them once, content-addressed, and a snapshot
+stores only its header and the keys of its segments (:mod:`calltape.projections.segments`); the
+blob above is the same state with the segments written inline. :func:`decode_segments` restores
+from the header and the segments.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Final, Protocol
 
 import orjson
@@ -75,9 +83,9 @@ class ContextFold(Protocol):
     def _refresh_all(self) -> None: ...
 
 
-FOLD_VERSION: Final = 2
+FOLD_VERSION: Final = 3
 """Bump whenever a rule of the fold or this layout changes: snapshots of another version are
-refused and rebuilt. 1 was v0.1's positional layout."""
+refused and rebuilt. 1 was v0.1's positional layout; 3 stores the frozen part as segments."""
 
 
 _REPLY_FIELDS: Final = (
@@ -111,7 +119,16 @@ class Frozen:
     changed: a :class:`Captured` snapshot keeps a copy of the lists it saw.
     """
 
-    __slots__ = ("call_chunks", "calls", "items", "native_chunks", "record_chunks", "replies", "reply_chunks")
+    __slots__ = (
+        "call_chunks",
+        "calls",
+        "items",
+        "native_chunks",
+        "record_chunks",
+        "replies",
+        "reply_chunks",
+        "segments",
+    )
 
     def __init__(self) -> None:
         self.items = 0
@@ -119,8 +136,23 @@ class Frozen:
         self.record_chunks: list[bytes | memoryview] = []
         self.reply_chunks: list[bytes | memoryview] = []
         self.call_chunks: list[bytes | memoryview] = []
-        self.replies: set[str] = set()
-        self.calls: set[str] = set()
+        self.replies = Ids()
+        self.calls = Ids()
+        self.segments: list[Segment] = []
+
+    def add(self, segment: Segment, *, ids: bool = True) -> None:
+        """Appends a segment's parts to the frozen lines (the segment's items are already counted);
+        ``ids=False``: its ids are in the bases already."""
+        for chunks, part in zip(
+            (self.native_chunks, self.record_chunks, self.reply_chunks, self.call_chunks), segment.parts, strict=True
+        ):
+            if len(part):
+                chunks.append(part)
+        if ids:
+            replies, calls = segment.ids()
+            self.replies.update(replies)
+            self.calls.update(calls)
+        self.segments.append(segment)
 
     def native(self) -> list[NativeItem]:
         """The frozen items rendered (fresh objects on every call)."""
@@ -132,6 +164,95 @@ class Frozen:
             return data.get("reply") in self.replies or data.get("call") in self.calls
         except (AttributeError, TypeError):  # malformed data: thaw, and let the handler judge it
             return True
+
+
+class Ids:
+    """The ids of frozen replies (or calls): an immutable base shared by every fold restored from the
+    same segments (built once per process, see :mod:`calltape.projections.segments`), and the ids
+    this fold froze since. Restoring so costs no set of the whole call."""
+
+    __slots__ = ("base", "own")
+
+    def __init__(self, base: frozenset[str] = frozenset()) -> None:
+        self.base = base
+        self.own: set[str] = set()
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.own or value in self.base
+
+    def update(self, ids: list[str]) -> None:
+        """Adds ids frozen by this fold."""
+        self.own.update(ids)
+
+
+class Segment:
+    """What one freeze added to the frozen lines: four inner parts (native items, records, reply ids,
+    call ids; each may be empty), identified by a digest of their bytes. Never changed once made."""
+
+    __slots__ = ("_ids", "_key", "items", "parts", "saved")
+
+    def __init__(
+        self,
+        items: int,
+        parts: tuple[bytes | memoryview, ...],
+        ids: tuple[list[str], list[str]] | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.items = items
+        self.parts = parts
+        self._ids = ids
+        self._key = key
+        self.saved = False
+        """Whether a store holds it (set by whoever saved it or loaded it)."""
+
+    def lines(self) -> bytes:
+        """The items count, then each part as a whole JSON array, one per line."""
+        return b"\n".join([str(self.items).encode(), *(b"[" + bytes(p) + b"]" for p in self.parts)])
+
+    @property
+    def key(self) -> str:
+        """A digest of :meth:`lines` (hex): the segment's identity, in the store and in a cache."""
+        if self._key is None:
+            self._key = hashlib.blake2b(self.lines(), digest_size=16).hexdigest()
+        return self._key
+
+    def body(self) -> bytes:
+        """The stored form: the key, then :meth:`lines`."""
+        return self.key.encode() + b"\n" + self.lines()
+
+    def nbytes(self) -> int:
+        """Bytes held (what a cache counts)."""
+        return sum(len(p) for p in self.parts)
+
+    def ids(self) -> tuple[list[str], list[str]]:
+        """The reply and call ids it froze (decoded once)."""
+        if self._ids is None:
+            replies = orjson.loads(b"[" + bytes(self.parts[2]) + b"]")
+            calls = orjson.loads(b"[" + bytes(self.parts[3]) + b"]")
+            if not isinstance(replies, list) or not isinstance(calls, list):
+                raise SnapshotMismatch("the snapshot is damaged (segment ids)")
+            self._ids = (replies, calls)
+        return self._ids
+
+    @classmethod
+    def from_body(cls, body: bytes, key: str) -> Segment:
+        """Reads :meth:`body` output; refuses another key or a damaged body."""
+        view = memoryview(body)
+        lines = body.split(b"\n")
+        if len(lines) != _LINES + 1 or lines[0].decode(errors="replace") != key:
+            raise SnapshotMismatch("the snapshot is damaged (segment)")
+        try:
+            items = int(lines[1])
+        except ValueError:
+            raise SnapshotMismatch("the snapshot is damaged (segment)") from None
+        parts: list[memoryview] = []
+        pos = len(lines[0]) + len(lines[1]) + 2
+        for line in lines[2:]:
+            if line[:1] != b"[" or line[-1:] != b"]":
+                raise SnapshotMismatch("the snapshot is damaged (segment)")
+            parts.append(view[pos + 1 : pos + len(line) - 1])
+            pos += len(line) + 1
+        return cls(items, tuple(parts), key=key)
 
 
 def _inner(value: list[Any]) -> bytes:
@@ -154,6 +275,12 @@ def _load_array(chunks: list[bytes | memoryview], *, merge: bool = False) -> lis
     if not isinstance(value, list):
         raise SnapshotMismatch("the snapshot is damaged (frozen items)")
     return value
+
+
+def frozen_native_chunks(f: ContextFold) -> list[bytes | memoryview]:
+    """The frozen items rendered, as chunks whose comma-joined concatenation is the inner part of a
+    JSON array (a copy of the list; chunks never change)."""
+    return [] if f._frozen is None else list(f._frozen.native_chunks)
 
 
 # -- records ----------------------------------------------------------------------------------
@@ -244,15 +371,13 @@ def freeze(f: ContextFold) -> None:
             for c in item.calls:
                 call_ids.append(c.id)
                 del f._calls[c.id]
-    if rendered:
-        frozen.native_chunks.append(_inner(rendered))
-    frozen.record_chunks.append(_inner([_record(item) for item in settled]))
-    if reply_ids:
-        frozen.reply_chunks.append(_inner(reply_ids))
-        frozen.replies.update(reply_ids)
-    if call_ids:
-        frozen.call_chunks.append(_inner(call_ids))
-        frozen.calls.update(call_ids)
+    parts = (
+        _inner(rendered) if rendered else b"",
+        _inner([_record(item) for item in settled]),
+        _inner(reply_ids) if reply_ids else b"",
+        _inner(call_ids) if call_ids else b"",
+    )
+    frozen.add(Segment(k, parts, (reply_ids, call_ids)))
     frozen.items += k
     del items[:k]
 
@@ -298,12 +423,15 @@ class Captured:
     events apart but saves only the last one.
     """
 
-    __slots__ = ("chunks", "header", "seq")
+    __slots__ = ("chunks", "header", "segments", "seq")
 
-    def __init__(self, seq: int, header: bytes, chunks: list[list[bytes | memoryview]]) -> None:
+    def __init__(
+        self, seq: int, header: bytes, chunks: list[list[bytes | memoryview]], segments: list[Segment]
+    ) -> None:
         self.seq = seq
         self.header = header
         self.chunks = chunks
+        self.segments = segments
 
     def to_bytes(self) -> bytes:
         """The snapshot bytes (see the module docstring for the layout)."""
@@ -341,10 +469,14 @@ def capture(f: ContextFold) -> Captured:
         list(frozen.call_chunks),
     ]
     # the length of each joined line: brackets, chunks, commas between them
-    lengths = [2 + sum(len(c) for c in line) + max(0, len(line) - 1) for line in chunks]
-    header["frozen"] = {"items": frozen.items, "bytes": lengths}
+    header["frozen"] = {"items": frozen.items, "bytes": _lengths(chunks)}
     # encoded now: the live records share lists (a reply's parts) that later events extend
-    return Captured(f.seq, orjson.dumps(header), chunks)
+    return Captured(f.seq, orjson.dumps(header), chunks, list(frozen.segments))
+
+
+def _lengths(lines: list[list[bytes | memoryview]]) -> list[int]:
+    """The length of each joined line: brackets, chunks, commas between them."""
+    return [2 + sum(len(c) for c in line) + max(0, len(line) - 1) for line in lines]
 
 
 def encode(f: ContextFold) -> bytes:
@@ -356,8 +488,18 @@ def decode(f: ContextFold, blob: bytes) -> None:
     """Restores :func:`encode` output into the fresh fold ``f``; refuses another version."""
     view = memoryview(blob)
     end = blob.find(b"\n")
+    header = read_header(view[: end if end >= 0 else len(blob)])
     try:
-        header = orjson.loads(view[: end if end >= 0 else len(blob)])
+        segments = _inline_segment(header, view, end)
+        _restore(f, header, segments)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, orjson.JSONDecodeError) as exc:
+        raise SnapshotMismatch(f"the snapshot is damaged ({type(exc).__name__})") from None
+
+
+def read_header(line: bytes | memoryview) -> dict[str, Any]:
+    """The header line, parsed; refuses another version."""
+    try:
+        header = orjson.loads(line)
         version = header.get("v") if isinstance(header, dict) else None
     except orjson.JSONDecodeError:
         version = None
@@ -365,13 +507,34 @@ def decode(f: ContextFold, blob: bytes) -> None:
         raise SnapshotMismatch(
             f"the snapshot was written by fold version {version}, this calltape folds version {FOLD_VERSION}"
         )
+    assert isinstance(header, dict)
+    return header
+
+
+def decode_segments(
+    f: ContextFold,
+    header: dict[str, Any],
+    segments: list[Segment],
+    ids: tuple[frozenset[str], frozenset[str]] | None = None,
+) -> None:
+    """Restores a header (:func:`read_header`) and the segments it names into the fresh fold ``f``;
+    ``ids``: the segments' reply and call ids, when the caller holds them as sets already."""
     try:
-        _restore(f, header, view, end)
+        frozen = header["frozen"]
+        lines: list[list[bytes | memoryview]] = [[], [], [], []]
+        for segment in segments:
+            for line, part in zip(lines, segment.parts, strict=True):
+                if len(part):
+                    line.append(part)
+        if sum(s.items for s in segments) != int(frozen["items"] or 0) or _lengths(lines) != frozen["bytes"]:
+            raise ValueError("segments")
+        _restore(f, header, segments, ids)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, orjson.JSONDecodeError) as exc:
         raise SnapshotMismatch(f"the snapshot is damaged ({type(exc).__name__})") from None
 
 
-def _restore(f: ContextFold, s: dict[str, Any], view: memoryview, end: int) -> None:
+def _inline_segment(s: dict[str, Any], view: memoryview, end: int) -> list[Segment]:
+    """The frozen lines of an inline blob, as one segment (none when nothing is frozen)."""
     lengths = s["frozen"]["bytes"]
     if len(lengths) != _LINES - 1 or end < 0:
         raise ValueError("lines")
@@ -385,6 +548,18 @@ def _restore(f: ContextFold, s: dict[str, Any], view: memoryview, end: int) -> N
         pos += length + 1
     if pos != len(view) + 1:
         raise ValueError("length")
+    items = 0 if s["frozen"]["items"] is None else int(s["frozen"]["items"])
+    if not items:
+        return []
+    return [Segment(items, tuple(line[1:-1] for line in lines))]
+
+
+def _restore(
+    f: ContextFold,
+    s: dict[str, Any],
+    segments: list[Segment],
+    ids: tuple[frozenset[str], frozenset[str]] | None = None,
+) -> None:
     f.session = s["session"]
     f.seq, f._count, f.last_clean_seq = int(s["seq"]), int(s["count"]), int(s["last_clean_seq"])
     f.agent, f.epoch, f.modality, f.instructions = s["agent"], int(s["epoch"]), s["modality"], s["instructions"]
@@ -396,13 +571,10 @@ def _restore(f: ContextFold, s: dict[str, Any], view: memoryview, end: int) -> N
     if items:
         frozen = f._frozen = Frozen()
         frozen.items = items
-        for chunks, line in zip(
-            (frozen.native_chunks, frozen.record_chunks, frozen.reply_chunks, frozen.call_chunks), lines, strict=True
-        ):
-            if len(line) > 2:
-                chunks.append(line[1:-1])
-        frozen.replies.update(orjson.loads(lines[2]))
-        frozen.calls.update(orjson.loads(lines[3]))
+        if ids is not None:
+            frozen.replies, frozen.calls = Ids(ids[0]), Ids(ids[1])
+        for segment in segments:
+            frozen.add(segment, ids=ids is None)
     cur_seq = s["cur_user_seq"]
     for rec in s["live"]:
         item = _from_record(rec)

@@ -4,6 +4,10 @@ The plan is computed on a copy of the session's fold: every settling event is fo
 decided, so what the plan shows is exactly what ``context(session)`` will show once the events are
 appended — by construction, not by a second implementation of the rules. The append carries
 ``expected_seq``: of two agents racing to resume one session, exactly one wins.
+
+The plan's context is taken when the plan is made but rendered when first read (:class:`PlanContext`):
+the settled part of a long call is kept as the encoded bytes the snapshot holds, so a resume costs the
+tail and the live items, not the call; :meth:`ResumePlan.to_json_bytes` writes those bytes as they are.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calltape.errors import AlreadyResumed, ConcurrencyConflict
+import orjson
+
+from calltape.errors import AlreadyResumed, ConcurrencyConflict, UnknownFormat
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.projections import ContextFold, ToolCallState, build_context, render
 from calltape.projections.effects import EffectLog, effect_event_id
+from calltape.projections.formats import FORMATS
+from calltape.projections.snapshot import frozen_native_chunks
 from calltape.runtime.effects import EffectReconcile, record_verdict
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries
 from calltape.runtime.toolspec import ToolSpec
@@ -53,6 +61,44 @@ class ToolDecision:
         return out
 
 
+_UNRENDERED: Any = object()
+
+
+class PlanContext:
+    """A fold's context at one instant, rendered in ``format`` when first asked for.
+
+    Taking it costs the live items: the frozen ones stay the encoded chunks of the snapshot (a list
+    copy of references, immutable), decoded only by :meth:`value`, and written as they are by
+    :meth:`json_bytes`."""
+
+    __slots__ = ("_chunks", "_format", "_head", "_value")
+
+    def __init__(self, fold: ContextFold, format: str) -> None:
+        if format not in FORMATS:
+            raise UnknownFormat(f"unknown context format '{format}' (use one of: {', '.join(FORMATS)})")
+        self._format = format
+        self._head = fold.native(frozen=False)
+        self._chunks = frozen_native_chunks(fold)
+        self._value = _UNRENDERED
+
+    def _native(self, frozen: list[Any]) -> dict[str, Any]:
+        items = self._head["items"]
+        return {**self._head, "items": [items[0], *frozen, *items[1:]]}
+
+    def value(self) -> Any:
+        """The context in the plan's format (rendered once, then the same object)."""
+        if self._value is _UNRENDERED:
+            frozen = orjson.loads(b"[" + b",".join(self._chunks) + b"]") if self._chunks else []
+            self._value = render(self._native(frozen), self._format)
+        return self._value
+
+    def json_bytes(self) -> bytes:
+        """The context as JSON; in the native format the frozen items are copied, never decoded."""
+        if self._value is not _UNRENDERED or self._format != "native" or not self._chunks:
+            return orjson.dumps(self.value())
+        return orjson.dumps(self._native([orjson.Fragment(b",".join(self._chunks))]))
+
+
 @dataclass(slots=True)
 class ResumePlan:
     """What a resume did: the checkpoint, the new epoch, the settled context and the tool decisions."""
@@ -62,22 +108,35 @@ class ResumePlan:
     epoch: int
     checkpoint_seq: int
     resumed_at_seq: int
-    context: Any
-    tools: list[ToolDecision]
+    rendered: PlanContext = field(repr=False)
+    """The context, as taken when the plan was made (read it as :attr:`context`)."""
+    tools: list[ToolDecision] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     """The settling events and ``session.resumed`` (with their seqs once appended)."""
     dry_run: bool = False
     fold: ContextFold | None = field(default=None, repr=False)
 
+    @property
+    def context(self) -> Any:
+        """The settled context in the plan's format (rendered on first read)."""
+        return self.rendered.value()
+
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON (what ``calltape resume`` prints)."""
+        return self._body(self.context)
+
+    def to_json_bytes(self) -> bytes:
+        """:meth:`to_json` encoded; the context's settled items are copied as the bytes they are kept as."""
+        return orjson.dumps(self._body(orjson.Fragment(self.rendered.json_bytes())))
+
+    def _body(self, context: Any) -> dict[str, Any]:
         return {
             "session": self.session,
             "agent": self.agent,
             "epoch": self.epoch,
             "checkpoint_seq": self.checkpoint_seq,
             "resumed_at_seq": self.resumed_at_seq,
-            "context": self.context,
+            "context": context,
             "tools": [t.to_json() for t in self.tools],
         }
 
@@ -287,7 +346,7 @@ async def _resume_once(
         epoch=settler.epoch,
         checkpoint_seq=checkpoint,
         resumed_at_seq=resumed.seq,
-        context=render(settler.fold.native(), format),
+        rendered=PlanContext(settler.fold, format),
         tools=decisions,
         events=events,
         dry_run=dry_run,

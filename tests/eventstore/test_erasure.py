@@ -21,7 +21,7 @@ from calltape.eventstore.bulk import ImportRefused, bulk_import
 from calltape.eventstore.recorder import Recorder
 from calltape.eventstore.retention import prune
 from calltape.migrations import head_revision
-from calltape.projections import snapshot_now
+from calltape.projections import FOLD_VERSION, snapshot_now
 
 
 async def test_erase_removes_everything_and_leaves_a_tombstone(store: EventStore, session_id: str) -> None:
@@ -31,7 +31,8 @@ async def test_erase_removes_everything_and_leaves_a_tombstone(store: EventStore
     assert await store.erase(session_id) == 2
     assert await store.read(session_id) == []
     assert await store.session_info(session_id) is None
-    assert await store.load_snapshot(session_id, 1) is None and await store.load_snapshot(session_id, 2) is None
+    assert await store.load_snapshot(session_id, FOLD_VERSION) is None
+    assert not await store.load_snapshot_segments(session_id, FOLD_VERSION)
     tomb = await store.tombstone(session_id)
     assert tomb is not None and tomb.events == 2 and tomb.session == session_id
     assert [e.type for e in await store.read(other)] == ["session.started"]  # the others are untouched
@@ -115,7 +116,8 @@ async def test_erase_in_steps_removes_everything_and_counts_every_event(store: E
     await snapshot_now(store, session_id)
     assert await store.erase_in_steps(session_id, 500) == 1233
     assert await store.read(session_id) == [] and await store.session_info(session_id) is None
-    assert await store.load_snapshot(session_id, 1) is None and await store.load_snapshot(session_id, 2) is None
+    assert await store.load_snapshot(session_id, FOLD_VERSION) is None
+    assert not await store.load_snapshot_segments(session_id, FOLD_VERSION)
     assert (await store.tombstone(session_id)).events == 1233  # type: ignore[union-attr]
     with pytest.raises(SessionErased):
         await store.append([text(session_id, "late")])

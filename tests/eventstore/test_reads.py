@@ -114,6 +114,22 @@ async def test_snapshots(store, session_id):
     assert await store.load_snapshot(session_id, 1) == (8, blob)
 
 
+async def test_snapshot_segments(store, session_id):
+    """Segments are snapshot rows at negative seqs: never the newest snapshot, written once, read together."""
+    await store.append([started(session_id), started(f"{session_id}-other")])
+    assert await store.load_snapshot_segments(session_id, 3) == []
+    await store.save_snapshot_segments(session_id, 3, [(-5, b"five"), (-9, b"nine")])
+    await store.save_snapshot_segments(session_id, 3, [(-5, b"changed"), (-2, b"two")])  # -5 stays as it was
+    await store.save_snapshot_segments(session_id, 4, [(-5, b"v4")])
+    await store.save_snapshot_segments(f"{session_id}-other", 3, [(-7, b"other")])
+    await store.save_snapshot(session_id, 4, 3, b"header")
+    assert sorted(await store.load_snapshot_segments(session_id, 3)) == [(-9, b"nine"), (-5, b"five"), (-2, b"two")]
+    assert await store.load_snapshot_segments(session_id, 4) == [(-5, b"v4")]
+    assert await store.load_snapshot(session_id, 3) == (4, b"header")
+    assert await store.load_snapshot(session_id, 3, max_seq=3) is None  # a segment is never a snapshot
+    await store.save_snapshot_segments(session_id, 3, [])
+
+
 async def test_unknown_type_from_a_newer_version_reads_back(store, session_id):
     await store.append([started(session_id), text(session_id, "before")])
     head = await store.head()

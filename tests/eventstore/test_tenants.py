@@ -85,6 +85,7 @@ async def seed(url: str, ids: dict[str, str]) -> None:
         await store.append([started(ids["none"]), text(ids["none"], "for nobody")])
         for key in ("a", "b", "none"):
             await store.save_snapshot(ids[key], 2, 1, b"state")
+            await store.save_snapshot_segments(ids[key], 1, [(-3, b"segment")])
         # The feed hands out what is below the horizon, which any open transaction on the server holds
         # back (on a shared Citus coordinator, other databases' too): wait until the seed is below it, so
         # the tests' heads start after it.
@@ -237,6 +238,8 @@ async def test_reads_see_only_the_tenant(tenant_a, ids):
     assert await store.read(ids["b"]) == [] and await store.seq_at_time(ids["b"], 10**15) == 0
     assert await store.load_snapshot(ids["b"], 1) is None
     assert await store.load_snapshot(ids["a"], 1) == (2, b"state")
+    assert await store.load_snapshot_segments(ids["b"], 1) == []
+    assert await store.load_snapshot_segments(ids["a"], 1) == [(-3, b"segment")]
     feed = await store.feed(limit=100_000)
     assert {e.session for _, e in feed} == {ids["a"]}
     assert await store.feed(session=ids["b"]) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +12,7 @@ from projection_checks import check_all
 from projection_timeline import Tape
 
 from calltape.events import Event
-from calltape.projections import ContextFold, fold_events
+from calltape.projections import ContextFold, fold_events, segments
 
 N_OPS = 26
 ops = st.lists(st.tuples(st.integers(0, N_OPS - 1), st.integers(0, 1_000)), min_size=1, max_size=45)
@@ -190,6 +192,18 @@ def test_apply_and_apply_many_agree(plan: list[tuple[int, int]]) -> None:
     assert (one.seq, one.last_clean_seq) == (many.seq, many.last_clean_seq)
 
 
+def chained(unique: list[Event], cuts: list[int], again: Callable[[ContextFold], ContextFold]) -> ContextFold:
+    """Folds ``unique`` piece by piece, the fold replaced by ``again(fold)`` at each cut."""
+    fold = ContextFold("s1")
+    at = 0
+    for cut in sorted(min(c, len(unique)) for c in cuts):
+        fold.apply_many(unique[at:cut])
+        at = cut
+        fold = again(fold)
+    fold.apply_many(unique[at:])
+    return fold
+
+
 @SETTINGS
 @given(
     plan=ops,
@@ -202,15 +216,14 @@ def test_chained_snapshots_plus_tail_equal_full_fold(
     """Snapshot, restore, fold a piece, snapshot again...: every query agrees with the full fold."""
     _, unique, _ = build(plan, modality)
     full = fold_events(unique, session="s1")
-    fold = ContextFold("s1")
-    at = 0
-    for cut in sorted(min(c, len(unique)) for c in cuts):
-        fold.apply_many(unique[at:cut])
-        at = cut
+
+    def again(fold: ContextFold) -> ContextFold:
         blob = fold.to_snapshot()
-        fold = ContextFold.from_snapshot(blob)
-        assert fold.to_snapshot() == blob
-    fold.apply_many(unique[at:])
+        restored = ContextFold.from_snapshot(blob)
+        assert restored.to_snapshot() == blob
+        return restored
+
+    fold = chained(unique, cuts, again)
     assert fold.native() == full.native()
     assert fold.to_snapshot() == full.to_snapshot()
     assert fold.tool_calls() == full.tool_calls()
@@ -221,4 +234,56 @@ def test_chained_snapshots_plus_tail_equal_full_fold(
         full.user_turn_seq,
         full.pending_user_text,
     )
+    assert (fold.clean, fold.last_clean_seq, fold.counters) == (full.clean, full.last_clean_seq, full.counters)
+
+
+class SegmentRows:
+    """A store's snapshot rows in memory, with the segment methods (what the SQL stores do)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, bytes] = {}
+        self.written: list[int] = []
+
+    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
+        self.rows[seq] = state
+
+    async def save_snapshot_segments(self, session: str, version: int, segments: Any) -> None:
+        for slot, body in segments:
+            self.written.append(slot)
+            self.rows.setdefault(slot, body)
+
+    async def load_snapshot_segments(self, session: str, version: int) -> list[tuple[int, bytes]]:
+        return [(k, v) for k, v in self.rows.items() if k < 0]
+
+
+@SETTINGS
+@given(
+    plan=ops,
+    modality=st.sampled_from(["voice", "text"]),
+    cuts=st.lists(st.integers(0, 60), min_size=1, max_size=4),
+    cold=st.booleans(),
+)
+def test_chained_stored_snapshots_plus_tail_equal_full_fold(
+    plan: list[tuple[int, int]], modality: str, cuts: list[int], cold: bool
+) -> None:
+    """The same through the stored form (a header beside segments), restored from the segment cache or,
+    ``cold``, from the rows: every segment is written once, and the state is the one of the blob."""
+    _, unique, _ = build(plan, modality)
+    full = fold_events(unique, session="s1")
+    rows = SegmentRows()
+
+    def again(fold: ContextFold) -> ContextFold:
+        captured = fold.capture()
+        asyncio.run(segments.save(rows, "s1", captured))
+        if cold:
+            segments.CACHE.clear()
+        restored = asyncio.run(segments.restore(rows, "s1", rows.rows[captured.seq]))
+        assert restored.to_snapshot() == captured.to_bytes()
+        return restored
+
+    fold = chained(unique, cuts, again)
+    assert len(rows.written) == len(set(rows.written))
+    assert fold.native() == full.native()
+    assert fold.to_snapshot() == full.to_snapshot()
+    assert fold.tool_calls() == full.tool_calls()
     assert (fold.clean, fold.last_clean_seq, fold.counters) == (full.clean, full.last_clean_seq, full.counters)

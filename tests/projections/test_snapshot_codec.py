@@ -1,4 +1,4 @@
-"""The snapshot codec (version 2): settled items stored rendered, restored without decoding them."""
+"""The snapshot codec (version 3): settled items stored rendered, restored without decoding them."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_queries_over_every_call_see_the_frozen_ones() -> None:
 def test_the_snapshot_names_its_version_and_fields() -> None:
     blob = long_call(3).fold().to_snapshot()
     header = orjson.loads(blob.split(b"\n", 1)[0])
-    assert header["v"] == FOLD_VERSION == 2
+    assert header["v"] == FOLD_VERSION == 3
     assert {"session", "seq", "last_clean_seq", "agent", "epoch", "modality", "live", "frozen"} <= set(header)
     records = orjson.loads(blob.split(b"\n")[2])
     assert [r["kind"] for r in records][:2] == ["user", "reply"]
