@@ -1,9 +1,14 @@
 """The event wire format (SPEC section 1).
 
-Pydantic models are the schema: they validate what enters calltape (emit, import, the API).
-Inside, an event travels as an :class:`Event` record — a slotted dataclass with a plain ``data``
-dict — because the log is replayed by the hundred thousand and stored events were validated
-when they were appended.
+Each type's ``data`` is defined once, as a msgspec Struct in :mod:`calltape.event_schema`. From it
+come both checks of what enters calltape (emit, import, the API): the usual event is converted into
+its Struct by msgspec (strict, compiled) and walked once for the limits both databases share; the
+rest (a lax coercion, a fault) goes through the pydantic models generated from the same Structs,
+which are the public edge and the source of every error sentence. Inside, an event travels as an
+:class:`Event` record — a slotted dataclass with a plain ``data`` dict, built once — because the
+log is replayed by the hundred thousand, stored events were validated when they were appended, and
+a Struct would drop the extra fields adapters attach. The row's ``data`` is encoded by orjson (a
+dict with extras; msgspec's encoder measured slower on those).
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+import msgspec
 import orjson
 import uuid_utils
 from pydantic import (
@@ -25,12 +31,39 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    create_model,
     field_validator,
 )
 from pydantic_core import PydanticSerializationError
 
 from calltape.canonical_json import canonical_bytes
 from calltape.errors import InvalidEvent
+from calltape.event_schema import (
+    SCHEMA,
+    AgentHandoff,
+    AgentInstructions,
+    AgentSpeechEnded,
+    AgentSpeechProgress,
+    AgentText,
+    Data,
+    Empty,
+    Interruption,
+    Reply,
+    SessionDropped,
+    SessionEnded,
+    SessionRedacted,
+    SessionResumed,
+    SessionStarted,
+    ToolCall,
+    ToolCancelled,
+    ToolEffect,
+    ToolProgress,
+    ToolRef,
+    ToolResult,
+    UserSpeechStarted,
+    UserText,
+    UserTranscript,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Time: RFC 3339 with millisecond precision on the wire, integer milliseconds inside.
@@ -303,7 +336,7 @@ def ensure_checked(event: Event) -> Event:
 
 
 # ---------------------------------------------------------------------------------------------
-# Typed data, one model per event type.
+# Typed data: the pydantic models at the public edge, generated from the one schema.
 
 
 class _Data(BaseModel):
@@ -311,269 +344,85 @@ class _Data(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class SessionStartedData(_Data):
-    """``session.started``: the agent, its instructions, the modality, the tenant and where it came from."""
-
-    agent: str
-    instructions: str | None = None
-    modality: Literal["voice", "text"] = "voice"
-    tenant: str | None = None
-    framework: str | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class SessionEndedData(_Data):
-    """``session.ended``: the call ended normally."""
-
-    reason: str | None = None
-
-
-class SessionDroppedData(_Data):
-    """``session.dropped``: the transport or the agent process was lost mid-call."""
-
-    reason: str | None = None
-
-
-class SessionRedactedData(_Data):
-    """``session.redacted``: which kinds were redacted and how many spans (never the values)."""
-
-    kinds: list[str]
-    spans: int = Field(ge=0)
-
-
-class SessionResumedData(_Data):
-    """``session.resumed``: the new agent and epoch, and the seq the resume settled from."""
-
-    agent: str
-    epoch: int = Field(ge=1)
-    from_seq: int = Field(ge=0)
-
-
-class AgentHandoffData(_Data):
-    """``agent.handoff``: another agent takes the call, with its instructions."""
-
-    from_: str = Field(alias="from")
-    to: str
-    instructions: str | None = None
-    reason: str | None = None
-
-
-class AgentInstructionsData(_Data):
-    """``agent.instructions``: the current agent's system prompt changed."""
-
-    text: str
-
-
-class UserSpeechStartedData(_Data):
-    """``user.speech.started``: a VAD edge (or an API signal) that the user began speaking."""
-
-    source: Literal["vad", "api"] | None = None
-
-
-class EmptyData(_Data):
-    """Types that carry no data (``user.speech.stopped``)."""
-
-    pass
-
-
-class UserTranscriptData(_Data):
-    """``user.transcript``: an STT result; interims replace each other, finals add up."""
-
-    text: str
-    final: bool
-
-
-class UserTextData(_Data):
-    """``user.text``: typed or injected user input, final at once."""
-
-    text: str
-
-
-class ReplyData(_Data):
-    """Types that name one reply (an LLM generation): reply started/done, speech started."""
-
-    reply: str
-
-
-class AgentTextData(_Data):
-    """``agent.text``: a chunk of generated text of a reply."""
-
-    reply: str
-    text: str
-
-
-class AgentSpeechProgressData(_Data):
-    """``agent.speech.progress``: everything the user has heard of the reply so far."""
-
-    reply: str
-    heard: str
-
-
-class AgentSpeechEndedData(_Data):
-    """``agent.speech.ended``: playout stopped; ``heard`` is the final word on what was heard."""
-
-    reply: str
-    interrupted: bool
-    heard: str | None = None
-
-
-class InterruptionData(_Data):
-    """``interruption``: a barge-in cancels the reply (default: the latest) and stops its playout."""
-
-    reply: str | None = None
-    cause: str | None = None
-    heard: str | None = None
-
-
-class ToolCallData(_Data):
-    """``tool.call``: the LLM asked for a tool call within a reply."""
-
-    call: str
-    name: str
-    arguments: dict[str, Any] | str
-    reply: str | None = None
-
-    @field_validator("arguments", mode="before")
-    @classmethod
-    def _json_arguments(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if value.strip():
-                try:
-                    orjson.loads(value)
-                except orjson.JSONDecodeError as exc:
-                    raise ValueError("arguments is a string that is not valid JSON") from exc
-        elif not isinstance(value, Mapping):
-            raise ValueError("arguments must be an object or a JSON string")
-        return value
-
-
-class ToolRefData(_Data):
-    """Types that name one tool call (``tool.started``): from here on it may have had side effects."""
-
-    call: str
-
-
-class ToolProgressData(_Data):
-    """``tool.progress``: a checkpoint inside a tool, the state a resume hands back."""
-
-    call: str
-    state: Any
-    message: str | None = None
-
-
-class ToolResultData(_Data):
-    """``tool.result``: the tool finished with this output (``error`` when it failed)."""
-
-    call: str
-    output: Any
-    error: bool | None = None
-
-
-class ToolCancelledData(_Data):
-    """``tool.cancelled``: the tool was stopped or will never report, and whether it may have run."""
-
-    call: str
-    reason: str
-    outcome: Literal["not_run", "unknown"] | None = None
-
-
-class ToolEffectData(_Data):
-    """``tool.effect``: one phase of a real-world action ``(name, key)`` run for the call ``call``
-    (SPEC section 8). The key names the action itself, so a new call id asking for it again finds it."""
-
-    call: str
-    name: str
-    key: str
-    phase: Literal["started", "done", "failed", "unknown"]
-    output: Any = None
-    heard: bool | None = None
+_META_CONSTRAINTS = ("gt", "ge", "lt", "le", "multiple_of", "min_length", "max_length", "pattern")
+
+
+def _edge_type(annotation: Any) -> Any:
+    """A Struct field's type as pydantic reads it: msgspec's ``Meta`` constraints become a ``Field``."""
+    if get_origin(annotation) is not Annotated:
+        return annotation
+    base, *metadata = get_args(annotation)
+    constraints = {
+        name: getattr(meta, name)
+        for meta in metadata
+        if isinstance(meta, msgspec.Meta)
+        for name in _META_CONSTRAINTS
+        if getattr(meta, name) is not None
+    }
+    return Annotated[base, Field(**constraints)]
+
+
+def _before(check: Any) -> Any:
+    """A Struct's per-field check as a pydantic before-validator (the same function, one message)."""
+    return classmethod(lambda cls, value: check(value))
+
+
+def _edge_model(struct: type[Data]) -> type[_Data]:
+    """The pydantic model of one Struct: the same fields, wire names, defaults, constraints and checks."""
+    fields: dict[str, Any] = {}
+    for spec in msgspec.structs.fields(struct):
+        default = ... if spec.required else spec.default
+        alias = spec.encode_name if spec.encode_name != spec.name else None
+        fields[spec.name] = (_edge_type(spec.type), Field(default, alias=alias))
+    validators = {
+        f"_check_{name}": field_validator(name, mode="before")(_before(check)) for name, check in struct.checks.items()
+    }
+    model: type[_Data] = create_model(
+        f"{struct.__name__}Data",
+        __base__=_Data,
+        __doc__=struct.__doc__,
+        __module__=__name__,
+        __validators__=validators,
+        **fields,
+    )
+    return model
+
+
+_EDGE: dict[type[Data], type[_Data]] = {s: _edge_model(s) for s in dict.fromkeys(SCHEMA.values())}
+
+DATA_MODELS: dict[str, type[_Data]] = {t: _EDGE[s] for t, s in SCHEMA.items()}
+"""Each known type's pydantic model (generated from :data:`calltape.event_schema.SCHEMA`)."""
+
+EVENT_TYPES: frozenset[str] = frozenset(SCHEMA)
+
+SessionStartedData = _EDGE[SessionStarted]
+SessionEndedData = _EDGE[SessionEnded]
+SessionDroppedData = _EDGE[SessionDropped]
+SessionRedactedData = _EDGE[SessionRedacted]
+SessionResumedData = _EDGE[SessionResumed]
+AgentHandoffData = _EDGE[AgentHandoff]
+AgentInstructionsData = _EDGE[AgentInstructions]
+UserSpeechStartedData = _EDGE[UserSpeechStarted]
+EmptyData = _EDGE[Empty]
+UserTranscriptData = _EDGE[UserTranscript]
+UserTextData = _EDGE[UserText]
+ReplyData = _EDGE[Reply]
+AgentTextData = _EDGE[AgentText]
+AgentSpeechProgressData = _EDGE[AgentSpeechProgress]
+AgentSpeechEndedData = _EDGE[AgentSpeechEnded]
+InterruptionData = _EDGE[Interruption]
+ToolCallData = _EDGE[ToolCall]
+ToolRefData = _EDGE[ToolRef]
+ToolProgressData = _EDGE[ToolProgress]
+ToolResultData = _EDGE[ToolResult]
+ToolCancelledData = _EDGE[ToolCancelled]
+ToolEffectData = _EDGE[ToolEffect]
 
 
 class ExtensionData(_Data):
     """``x.*`` events: any data, stored and exported, never folded."""
 
     pass
-
-
-DATA_MODELS: dict[str, type[_Data]] = {
-    "session.started": SessionStartedData,
-    "session.ended": SessionEndedData,
-    "session.dropped": SessionDroppedData,
-    "session.resumed": SessionResumedData,
-    "session.redacted": SessionRedactedData,
-    "agent.handoff": AgentHandoffData,
-    "agent.instructions": AgentInstructionsData,
-    "user.speech.started": UserSpeechStartedData,
-    "user.speech.stopped": EmptyData,
-    "user.transcript": UserTranscriptData,
-    "user.text": UserTextData,
-    "agent.reply.started": ReplyData,
-    "agent.text": AgentTextData,
-    "agent.reply.done": ReplyData,
-    "agent.speech.started": ReplyData,
-    "agent.speech.progress": AgentSpeechProgressData,
-    "agent.speech.ended": AgentSpeechEndedData,
-    "interruption": InterruptionData,
-    "tool.call": ToolCallData,
-    "tool.started": ToolRefData,
-    "tool.progress": ToolProgressData,
-    "tool.result": ToolResultData,
-    "tool.cancelled": ToolCancelledData,
-    "tool.effect": ToolEffectData,
-}
-
-EVENT_TYPES: frozenset[str] = frozenset(DATA_MODELS)
-
-_PLAIN_KINDS: dict[Any, tuple[type, ...]] = {
-    str: (str,),
-    bool: (bool,),
-    str | None: (str, type(None)),
-    bool | None: (bool, type(None)),
-}
-
-
-def _plain_fields(model: type[_Data]) -> dict[str, tuple[tuple[type, ...], bool]] | None:
-    """``{field: (exact types accepted, required)}`` when pydantic would hand back what it is given:
-    every field a plain ``str``/``bool`` (or ``| None`` defaulting to None), no alias, no constraint,
-    no validator. None for a model that validates anything more (its data always goes through it)."""
-    decorators = model.__pydantic_decorators__
-    if decorators.field_validators or decorators.model_validators:
-        return None
-    fields: dict[str, tuple[tuple[type, ...], bool]] = {}
-    for name, info in model.model_fields.items():
-        kinds = _PLAIN_KINDS.get(info.annotation)
-        required = info.is_required()
-        if kinds is None or info.alias not in (None, name) or info.metadata:
-            return None
-        if not required and info.default is not None:
-            return None
-        fields[name] = (kinds, required)
-    return fields
-
-
-_PLAIN_DATA = {t: fields for t, m in DATA_MODELS.items() if (fields := _plain_fields(m)) is not None}
-"""The event types whose data is only plain strings and booleans: the hot ones (text deltas, speech
-progress, transcripts, reply and tool references), checked in plain Python by :func:`validate_data`."""
-
-_ABSENT: Any = object()
-
-
-def _plain_data(fields: dict[str, tuple[tuple[type, ...], bool]], data: dict[str, Any]) -> dict[str, Any] | None:
-    """``data`` as the model would dump it (None values left out, declared order), or None when any
-    field is missing, of another type, or not declared (those go through pydantic, for its message)."""
-    if len(data) > len(fields) or not fields.keys() >= data.keys():
-        return None
-    out: dict[str, Any] = {}
-    for name, (kinds, required) in fields.items():
-        value = data.get(name, _ABSENT)
-        if value is _ABSENT:
-            if required:
-                return None
-        elif type(value) not in kinds:
-            return None
-        elif value is not None:
-            out[name] = value
-    return out
 
 
 EventType = Literal[
@@ -753,9 +602,9 @@ def unknown_type(event_type: str) -> InvalidEvent:
 def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
     """Checks one event's ``data`` against its type; returns the normalized dict. Anything wrong is an
     :class:`~calltape.errors.InvalidEvent` whose one sentence names where, never the value."""
-    plain = _PLAIN_DATA.get(event_type)
-    if plain is not None and (data is None or type(data) is dict):
-        checked = _plain_data(plain, data or {})
+    compiled = _COMPILED.get(event_type)
+    if compiled is not None and (data is None or type(data) is dict):
+        checked = _schema_data(compiled, data or {})
         if checked is not None:
             return checked
     model = DATA_MODELS.get(event_type)
@@ -775,171 +624,97 @@ def validate_data(event_type: str, data: Mapping[str, Any] | None) -> dict[str, 
 _WIRE_FIELDS = frozenset({"id", "session", "seq", "type", "at", "agent", "epoch", "data"})
 
 
-# -- The fast reader's view of the data models -------------------------------------------------
-# Each model's fields as plain checks, for values exactly as JSON gives them (str, int, float, bool,
-# None, list, dict); a value that passes is what the model would validate and dump unchanged. Only
-# top-level ``None`` changes anything (the dump drops it), plus the ``modality`` default. A test holds
-# this table to the models' fields, and the property test holds the reader to the union.
-
-
-class _Unusual(Exception):
-    """The fast reader met something only the union decides (a coercion, a fault, a foreign type)."""
-
-
-def _is_str(value: Any) -> bool:
-    return type(value) is str
-
-
-def _is_bool(value: Any) -> bool:
-    return type(value) is bool
-
-
-def _is_any(value: Any) -> bool:
-    return True
-
-
-def _nullable(check: Any) -> Any:
-    return lambda value: value is None or check(value)
-
-
-def _one_of(*choices: str) -> Any:
-    allowed = frozenset(choices)
-    return lambda value: type(value) is str and value in allowed
-
-
-def _int_from(low: int) -> Any:
-    return lambda value: type(value) is int and value >= low
-
-
-def _str_list(value: Any) -> bool:
-    return type(value) is list and all(type(item) is str for item in value)
-
-
-def _arguments(value: Any) -> bool:
-    """``dict[str, Any] | str`` where a non-blank string must be JSON (``ToolCallData``)."""
-    if type(value) is dict:
-        return True
-    if type(value) is not str:
-        return False
-    if value.strip():
-        try:
-            orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return False
-    return True
-
-
-_OPT_STR = _nullable(_is_str)
+# -- The compiled check, generated from the schema ----------------------------------------------
+# The usual ``data`` (exact JSON types, as orjson gives them or a caller builds them) is checked by
+# msgspec against its type's Struct, strict, and walked once for the limits; what passes is exactly
+# what the edge model would validate and dump. Anything else (a coercion, a fault, a foreign type)
+# returns None and goes through the pydantic models, which give the same result for what they accept
+# and the error message for what they refuse. A property test holds the two paths equal.
 
 
 @dataclass(frozen=True, slots=True)
-class _DataSpec:
-    """One data model as the fast reader checks it: every field (wire name) with its check, the
-    required ones, and the defaults the dump adds."""
+class _Compiled:
+    """One Struct as the hot path runs it: the Struct msgspec converts into, and the dump's shape
+    (every field by wire name in declared order, with the default the dump writes when it is absent)."""
 
-    checks: dict[str, Any]
-    required: tuple[str, ...]
-    defaults: tuple[tuple[str, Any], ...] = ()
+    struct: type[Data]
+    fields: tuple[tuple[str, Any], ...]
+    names: frozenset[str]
+    exact: tuple[str, ...] | None
+    """The field names when every field is required and never None: data with exactly these keys,
+    in this order, is its own dump (the hot types: a reply's text, a transcript, a tool reference)."""
+    flat: bool
+    """Every field is a string or a boolean: a line the import's reader trusts needs no walk of it."""
 
 
-_REPLY = _DataSpec({"reply": _is_str}, ("reply",))
-_REASON = _DataSpec({"reason": _OPT_STR}, ())
-_DATA_SPECS: dict[str, _DataSpec] = {
-    "session.started": _DataSpec(
-        {
-            "agent": _is_str,
-            "instructions": _OPT_STR,
-            "modality": _one_of("voice", "text"),
-            "tenant": _OPT_STR,
-            "framework": _OPT_STR,
-            "metadata": _nullable(lambda value: type(value) is dict),
-        },
-        ("agent",),
-        (("modality", "voice"),),
-    ),
-    "session.ended": _REASON,
-    "session.dropped": _REASON,
-    "session.resumed": _DataSpec(
-        {"agent": _is_str, "epoch": _int_from(1), "from_seq": _int_from(0)}, ("agent", "epoch", "from_seq")
-    ),
-    "session.redacted": _DataSpec({"kinds": _str_list, "spans": _int_from(0)}, ("kinds", "spans")),
-    "agent.handoff": _DataSpec(
-        {"from": _is_str, "to": _is_str, "instructions": _OPT_STR, "reason": _OPT_STR}, ("from", "to")
-    ),
-    "agent.instructions": _DataSpec({"text": _is_str}, ("text",)),
-    "user.speech.started": _DataSpec({"source": _nullable(_one_of("vad", "api"))}, ()),
-    "user.speech.stopped": _DataSpec({}, ()),
-    "user.transcript": _DataSpec({"text": _is_str, "final": _is_bool}, ("text", "final")),
-    "user.text": _DataSpec({"text": _is_str}, ("text",)),
-    "agent.reply.started": _REPLY,
-    "agent.text": _DataSpec({"reply": _is_str, "text": _is_str}, ("reply", "text")),
-    "agent.reply.done": _REPLY,
-    "agent.speech.started": _REPLY,
-    "agent.speech.progress": _DataSpec({"reply": _is_str, "heard": _is_str}, ("reply", "heard")),
-    "agent.speech.ended": _DataSpec(
-        {"reply": _is_str, "interrupted": _is_bool, "heard": _OPT_STR}, ("reply", "interrupted")
-    ),
-    "interruption": _DataSpec({"reply": _OPT_STR, "cause": _OPT_STR, "heard": _OPT_STR}, ()),
-    "tool.call": _DataSpec(
-        {"call": _is_str, "name": _is_str, "arguments": _arguments, "reply": _OPT_STR}, ("call", "name", "arguments")
-    ),
-    "tool.started": _DataSpec({"call": _is_str}, ("call",)),
-    "tool.progress": _DataSpec({"call": _is_str, "state": _is_any, "message": _OPT_STR}, ("call", "state")),
-    "tool.result": _DataSpec({"call": _is_str, "output": _is_any, "error": _nullable(_is_bool)}, ("call", "output")),
-    "tool.cancelled": _DataSpec(
-        {"call": _is_str, "reason": _is_str, "outcome": _nullable(_one_of("not_run", "unknown"))}, ("call", "reason")
-    ),
-    "tool.effect": _DataSpec(
-        {
-            "call": _is_str,
-            "name": _is_str,
-            "key": _is_str,
-            "phase": _one_of("started", "done", "failed", "unknown"),
-            "output": _is_any,
-            "heard": _nullable(_is_bool),
-        },
-        ("call", "name", "key", "phase"),
-    ),
-}
+def _never_none(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, (msgspec.inspect.AnyType, msgspec.inspect.NoneType)):
+        return False
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return all(_never_none(member) for member in kind.types)
+    return True
 
+
+def _compile(struct: type[Data]) -> _Compiled:
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    fields = tuple((spec.encode_name, None if spec.required else spec.default) for spec in info.fields)
+    total = all(spec.required and _never_none(spec.type) for spec in info.fields)
+    exact = tuple(name for name, _ in fields) if total else None
+    flat = all(isinstance(spec.type, (msgspec.inspect.StrType, msgspec.inspect.BoolType)) for spec in info.fields)
+    return _Compiled(struct, fields, frozenset(name for name, _ in fields), exact, flat)
+
+
+_COMPILED: dict[str, _Compiled] = {t: _compile(s) for t, s in SCHEMA.items()}
 
 _TRUSTED_LINE = MAX_DATA_BYTES // 8
 """A line up to this long cannot hold ``data`` over the limit (a number re-encodes at most 8 times longer)."""
 
 
-def _wire_data(event_type: str, data: dict[str, Any], trusted: bool) -> dict[str, Any]:
-    """``data`` as its model would validate and dump it; raises :class:`_Unusual` or ``InvalidEvent``.
+def _schema_data(compiled: _Compiled | None, data: dict[str, Any], trusted: bool = False) -> dict[str, Any] | None:
+    """``data`` checked and shaped as its edge model would validate and dump it (None values left out,
+    declared fields first, defaults filled), an extension's (``compiled`` None) as it is; None for
+    anything only pydantic decides.
 
     ``trusted``: read by orjson from a line of at most :data:`_TRUSTED_LINE` bytes without a ``\\u0000``
     escape, so every string is valid Unicode without NUL, every number finite and the size within the
     limit; only nested values and integers are walked."""
-    spec = _DATA_SPECS.get(event_type)
-    if spec is not None:
-        for name in spec.required:
-            if name not in data:
-                raise _Unusual
-        checks = spec.checks
-    out = {}
-    for key, value in data.items():
-        if spec is not None:
-            check = checks.get(key)
-            if check is not None and not check(value):
-                raise _Unusual
-            if value is None:  # the dump leaves out None, declared or extra (an extension keeps it)
-                continue
-        out[key] = value
+    if compiled is None:
+        out = dict(data)
+    else:
+        try:
+            msgspec.convert(data, compiled.struct, strict=True)
+        except msgspec.ValidationError:
+            return None
+        if compiled.exact is not None and tuple(data) == compiled.exact:
+            if trusted:  # just read from its line: nobody else holds it
+                if compiled.flat:
+                    return data
+                out = data
+            else:
+                out = dict(data)
+        else:
+            out = {}
+            for name, default in compiled.fields:
+                value = data.get(name, default)
+                if value is not None:
+                    out[name] = value
+            if not data.keys() <= compiled.names:
+                for key, value in data.items():
+                    if value is not None and key not in out:
+                        out[key] = value
+    try:
         if trusted:
-            kind = type(value)
-            if kind is dict or kind is list:
-                _check_value(value, 1, True)
-            elif kind is int and not _INT_MIN <= value <= _INT_MAX:
-                raise _Unusual
-    if spec is not None:
-        for key, default in spec.defaults:
-            if key not in out:
-                out[key] = default
-    if not trusted and _check_value(out, 0, True) > MAX_DATA_BYTES and len(orjson.dumps(out)) > MAX_DATA_BYTES:
-        raise _Unusual
+            for value in out.values():
+                kind = type(value)
+                if kind is dict or kind is list:
+                    _check_value(value, 1, True)
+                elif kind is int and not _INT_MIN <= value <= _INT_MAX:
+                    return None
+        elif _check_value(out, 0, True) > MAX_DATA_BYTES and len(orjson.dumps(out)) > MAX_DATA_BYTES:
+            return None
+    except InvalidEvent:
+        return None
     return out
 
 
@@ -970,8 +745,11 @@ def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -
     unusual (lax coercions, missing or extra fields, invalid data, anything over a limit) to the union
     and :func:`check_event`, which give the same result for what they accept and the error messages
     for what they refuse. The event returned has passed :func:`check_event`. ``trusted``: see
-    :func:`_wire_data`."""
-    if type(event_type) is not str or (event_type not in _DATA_SPECS and not is_extension(event_type)):
+    :func:`_schema_data`."""
+    if type(event_type) is not str:
+        return None
+    compiled = _COMPILED.get(event_type)
+    if compiled is None and not is_extension(event_type):
         return None
     if not _WIRE_FIELDS.issuperset(obj):
         return None
@@ -996,9 +774,8 @@ def _parse_common(obj: dict[str, Any], event_type: Any, trusted: bool = False) -
             at_ms = _wire_ms(at)
         except ValueError:
             return None
-    try:
-        data = _wire_data(event_type, data, trusted)
-    except (_Unusual, InvalidEvent):
+    data = _schema_data(compiled, data, trusted)
+    if data is None:
         return None
     event = Event(
         type=event_type,
@@ -1057,7 +834,7 @@ def parse_event(obj: Any) -> Event:
 
 def parse_read(obj: Any, line: bytes) -> Event:
     """:func:`parse_event` for ``obj`` just read by ``orjson.loads(line)`` (the import's reader): the
-    line's bytes vouch for its text (see :func:`_wire_data`), so the usual event skips most checks."""
+    line's bytes vouch for its text (see :func:`_schema_data`), so the usual event skips most checks."""
     if type(obj) is dict:
         event = _parse_common(obj, obj.get("type"), len(line) <= _TRUSTED_LINE and b"\\u0000" not in line)
         if event is not None:
@@ -1110,6 +887,23 @@ def make_event(
         raise InvalidEvent("'type' must be a string")
     if data is not None and not isinstance(data, Mapping):
         raise InvalidEvent("'data' must be an object")
+    compiled = _COMPILED.get(event_type)
+    if compiled is not None and (data is None or type(data) is dict):
+        checked = _schema_data(compiled, data or {})
+        if checked is not None:  # the usual event: its data passed every check already
+            event = Event(  # positional: the hot path's one allocation of the event, in its row form
+                event_type,
+                checked,
+                session,
+                new_event_id() if id is None else id,
+                now_ms() if at_ms is None else at_ms,
+                agent,
+                epoch,
+                None,
+                True,
+            )
+            _check_envelope(event)
+            return event
     return check_event(
         Event(
             type=event_type,

@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 
 from calltape.errors import InvalidEvent
 from calltape.events import (
-    _DATA_SPECS,
-    DATA_MODELS,
     _parse_common,
     _parse_union,
     check_event,
@@ -177,17 +175,6 @@ def test_the_usual_events_take_the_fast_reader(event_type: str, data: dict[str, 
     assert _parse_common(orjson.loads(line), event_type, trusted=b"\\u0000" not in line) is not None
 
 
-def test_the_fast_readers_table_matches_the_models() -> None:
-    # every data model's fields, by their wire names, with the same required ones: a field added to a
-    # model and not to the table would otherwise be checked by nobody on the fast path
-    assert set(_DATA_SPECS) == set(DATA_MODELS)
-    for event_type, model in DATA_MODELS.items():
-        spec = _DATA_SPECS[event_type]
-        fields = {(f.alias or name): f for name, f in model.model_fields.items()}
-        assert set(spec.checks) == set(fields), event_type
-        assert set(spec.required) == {name for name, f in fields.items() if f.is_required()}, event_type
-
-
 @pytest.mark.parametrize(
     ("line", "fragment"),
     [
@@ -213,10 +200,10 @@ PLAIN_VALUES = st.one_of(ODD, st.text(max_size=3), st.just(True), st.just(False)
 
 @st.composite
 def plain_data(draw: st.DrawFn) -> tuple[str, Any]:
-    from calltape.events import _PLAIN_DATA
+    from calltape.events import _COMPILED
 
-    event_type = draw(st.sampled_from(sorted(_PLAIN_DATA)))
-    names = [*_PLAIN_DATA[event_type], "extra"]
+    event_type = draw(st.sampled_from(sorted(_COMPILED)))
+    names = [*(name for name, _ in _COMPILED[event_type].fields), "extra"]
     data = draw(st.dictionaries(st.sampled_from(names), PLAIN_VALUES, max_size=len(names)))
     return event_type, draw(st.sampled_from([data, None])) if not data else data
 
@@ -224,7 +211,7 @@ def plain_data(draw: st.DrawFn) -> tuple[str, Any]:
 @settings(max_examples=1500, deadline=None)
 @given(plain_data())
 def test_plain_data_is_what_the_model_makes_of_it(case: tuple[str, Any]) -> None:
-    # validate_data checks the plain-string types in Python: the same result as the model, or both refuse.
+    # validate_data checks the usual data with the compiled schema: the same result as the model, or both refuse.
     from calltape.events import DATA_MODELS, _dump_data, validate_data
 
     event_type, data = case
@@ -245,9 +232,10 @@ def test_plain_data_is_what_the_model_makes_of_it(case: tuple[str, Any]) -> None
         assert list(fast) == list(expected)  # the same key order: the stored JSON text is the same
 
 
-def test_the_hot_event_types_are_checked_in_plain_python() -> None:
-    from calltape.events import _PLAIN_DATA
+def test_every_known_type_has_a_compiled_check() -> None:
+    from calltape.event_schema import SCHEMA
+    from calltape.events import _COMPILED
 
-    assert {"agent.text", "agent.speech.progress", "user.transcript", "agent.reply.started"} <= set(_PLAIN_DATA)
-    # a model with a validator, an alias, a Literal, a default or an Any is never read around pydantic
-    assert not {"tool.call", "agent.handoff", "session.started", "tool.result", "tool.cancelled"} & set(_PLAIN_DATA)
+    # the hot types and the ones with an alias, a Literal, a default, a constraint or a check alike
+    assert set(_COMPILED) == set(SCHEMA)
+    assert all(_COMPILED[t].struct is SCHEMA[t] for t in SCHEMA)
