@@ -90,6 +90,10 @@ class CallSession:
         self.tools: dict[str, ToolSpec] = dict(tools or {})
         self.bus = bus or recoveries
         self.playout = PlayoutWaiters()
+        self.playout_reported = True
+        """Whether something reports to this call when a reply played to its end (``agent.speech.ended``).
+        An adapter of a platform that never says so sets it False: a heard-first effect (SPEC section 8)
+        then refuses at once (``EffectNotRun``) instead of waiting for a playout nobody will report."""
         self.runner = ToolRunner(self)
         self._refused: set[str] = set()  # ids the store refused that the fold still holds
         self._refold_task: asyncio.Task[None] | None = None

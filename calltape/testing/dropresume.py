@@ -78,6 +78,7 @@ class _Severed:
         self.fold = call.fold
         self.tools: Mapping[str, ToolSpec] = call.tools
         self.session_id = call.session_id
+        self.playout_reported = call.playout_reported
         self._agent, self._epoch = call.writer_agent, call.epoch
 
     def emit(
