@@ -508,9 +508,13 @@ class CallSession:
             self.playout.discard(rid, future)
 
     async def effect_events(self) -> list[Event]:
-        """The session's ``tool.effect`` events in the log, once everything emitted so far has committed."""
-        await self.recorder.flush()
-        return [e for e in await self.recorder.store.read(self.session_id) if e.type == "tool.effect"]
+        """The session's ``tool.effect`` events in the log, once everything emitted so far has committed.
+
+        Settled (:func:`~calltape.loopclock.settle`): on a virtual-clock test loop the read, done off the
+        loop, must not let the clock jump to the next timer (the tool's timeout, a scripted barge-in)."""
+        await settle(self.recorder.flush())
+        events = await settle(self.recorder.store.read(self.session_id))
+        return [e for e in events if e.type == "tool.effect"]
 
     async def handoff(
         self, to: str, *, instructions: str | None = None, reason: str | None = None, format: str = "native"
