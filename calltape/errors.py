@@ -235,8 +235,8 @@ class EffectNotRun(CalltapeError):
     announced it had played to its end. The guarded runner records the call as ``tool.cancelled``
     (``interrupted``, ``not_run``)."""
 
-    def __init__(self, name: str, reply: str | None) -> None:
-        super().__init__(f"effect '{name}' was not run: its announcing reply '{reply}' was interrupted")
+    def __init__(self, name: str, reply: str | None, why: str = "was interrupted") -> None:
+        super().__init__(f"effect '{name}' was not run: its announcing reply '{reply}' {why}")
         self.name, self.reply = name, reply
 
 

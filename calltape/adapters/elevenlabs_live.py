@@ -23,9 +23,15 @@ and leaves them as they are. Mapping (the post-call mapping's choices, :mod:`cal
   reply's heard text (``agent.speech.ended`` interrupted, ``heard`` = the corrected response: what was
   actually said before the cut, as the webhook's ``message`` of an interrupted line);
 * ``client_tool_call`` → ``tool.call`` under its ``tool_call_id`` (joined to the current reply unless
-  the user spoke since), and the client tool runs guarded (SPEC section 3: exactly once per call id, never
-  for an interrupted reply, ``tool.started`` durable before the body, then ``tool.result``); the SDK is
+  the user spoke since; the call ends that reply's generation), and the client tool runs guarded (SPEC
+  section 3: exactly once per call id, never for an interrupted reply, ``tool.started`` durable before
+  the body, then ``tool.result``); the SDK is
   answered with the output calltape's context shows.
+
+Heard first (``calltape.effect(..., heard=True)`` in a client tool): ElevenLabs reports when a reply was
+cut, never when it finished playing, so in a voice conversation such an effect is refused at once
+(``EffectNotRun``: the call is ``tool.cancelled`` ``not_run`` and the agent is told so); in a text-only
+conversation the announcing reply is whole when the call arrives, and the effect runs.
 """
 
 from __future__ import annotations
@@ -236,6 +242,7 @@ class ElevenLabsTap:
             args = tc.get("parameters") or {}
             data = {"call": str(tc["tool_call_id"]), "name": str(tc.get("tool_name") or "tool"), "arguments": args}
             call.emit("tool.call", {**data, "reply": current})
+            replies.done(current)  # its text came whole (agent_response): the call ends its generation
 
     async def _open(self, conversation_id: str) -> None:
         metadata = {"conversation_id": conversation_id}
@@ -249,6 +256,9 @@ class ElevenLabsTap:
             metadata=metadata,
             tools=self._tools,
         )
+        # ElevenLabs never says when a reply finished playing (the SDK's audio device plays it): a
+        # heard-first effect is refused at once rather than run unheard or left waiting (SPEC section 8)
+        self.call.playout_reported = not self._voice
         self._replies = ReplyTracker(self.call)
 
     def _finish_current(self) -> None:

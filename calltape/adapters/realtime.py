@@ -117,6 +117,10 @@ class _Response:
     item_order: list[str] = field(default_factory=list)
     pending_calls: dict[str, FunctionCall] = field(default_factory=dict)
     cancel_requested: bool = False
+    audio_started_ms: int | None = None
+    """When its first audio arrived (a WebSocket client plays it as it arrives)."""
+    playing: asyncio.TimerHandle | None = None
+    """``playout="response"``: the end of its audio, when it is still playing at ``response.done``."""
 
 
 def _as_dict(event: Any) -> dict[str, Any]:
@@ -174,7 +178,9 @@ class RealtimeTap:
     sends the tool's output itself.
 
     ``playout`` says who knows when the user finished hearing a reply: ``"response"`` (default, WebSocket:
-    the reply is taken as heard when its response completes; a later truncate corrects it), ``"client"``
+    the reply is heard in full once its audio has played, counted from its first audio delta at the
+    audio's length, or at ``response.done`` when that is later; a ``conversation.item.truncate`` before
+    then cuts it; a text-only reply is heard at ``response.done``), ``"client"``
     (the app calls :meth:`playout_finished`), or ``"output_audio_buffer"`` (WebRTC/SIP: the server's
     ``output_audio_buffer.*`` events).
     """
@@ -255,7 +261,13 @@ class RealtimeTap:
         return [(item, resp.audio_bytes[item] / self._bytes_per_ms) for item in items if resp.audio_bytes.get(item)]
 
     def flush(self) -> None:
-        """Releases reply events still held back for a transcription (e.g. when the session ends)."""
+        """Releases reply events still held back for a transcription (e.g. when the session ends), and
+        ends the playout of replies whose audio is still counted as playing (heard in full: no truncate
+        came)."""
+        for resp in self._responses.values():
+            if resp.playing is not None:
+                resp.playing.cancel()
+                self._audio_played(resp)
         self._release()
 
     async def run_tool(
@@ -442,6 +454,8 @@ class RealtimeTap:
             item = str(ev.get("item_id", ""))
             self._item_response[item] = resp.id
             resp.audio_bytes[item] = resp.audio_bytes.get(item, 0) + _b64_len(str(ev.get("delta") or ""))
+            if resp.audio_started_ms is None:
+                resp.audio_started_ms = self._clock()
             if self.playout != "output_audio_buffer":
                 self._start_speech(resp)
         elif kind == "response.function_call_arguments.done":
@@ -549,8 +563,30 @@ class RealtimeTap:
         st = self.replies.state(resp.id)
         if self.playout == "response" and st is not None and not st.interrupted and resp.text:
             if st.speech_started or resp.audio_bytes:
-                self.replies.speech_ended(resp.id)
+                self._end_playout_with_audio(resp)
         return runnable
+
+    def _end_playout_with_audio(self, resp: _Response) -> None:
+        """``playout="response"``: the reply is heard in full when its audio has played, counted from its
+        first audio at the audio's length (the server sends audio faster than it plays), unless a truncate
+        or a cleared buffer cuts it first. A heard-first effect waits for this, not for ``response.done``."""
+        audio_ms = sum(resp.audio_bytes.values()) / self._bytes_per_ms
+        left = resp.audio_started_ms + audio_ms - self._clock() if resp.audio_started_ms is not None else 0.0
+        if left > 0:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # fed outside an event loop: nothing can wait for it either
+                loop = None
+            if loop is not None:
+                resp.playing = loop.call_later(left / 1000, self._audio_played, resp)
+                return
+        self._audio_played(resp)
+
+    def _audio_played(self, resp: _Response) -> None:
+        resp.playing = None
+        st = self.replies.state(resp.id)
+        if st is not None and not st.interrupted and not st.speech_ended:
+            self.replies.speech_ended(resp.id)
 
     # -- truncation: the authority on what was heard ---------------------------------------------
 
@@ -561,6 +597,9 @@ class RealtimeTap:
             return
         self._truncations.add(key)
         resp = self._responses[rid]
+        if resp.playing is not None:  # cut before its audio was counted as played
+            resp.playing.cancel()
+            resp.playing = None
         heard_parts: list[str] = []
         for item in resp.item_order:
             text = resp.text.get(item, "")

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -59,15 +59,41 @@ def _canonical(arguments: Any) -> str:
 
 
 @dataclass(slots=True)
-class _Reply:
-    """What only Retell knows about a reply (its ``response_id``, where its words start in Retell's
-    transcript, its generation task); the reply's lifecycle is read from the fold (the reply tracker)."""
+class _Part:
+    """One calltape reply of a Retell response: a response that asks for a tool ends its reply at the
+    call (the announcement the caller hears before the tool runs) and goes on in a new one."""
 
     id: str
     response_id: int
     start_index: int
+    """Where the response's words start in Retell's transcript."""
+    skip: int = 0
+    """Words of the response spoken by its earlier parts (one Retell utterance holds them all)."""
+    split: bool = False
+    """Ended at a tool call: heard in full once Retell's transcript shows every word of it spoken."""
+
+
+@dataclass(slots=True)
+class _Reply:
+    """What only Retell knows about a response (its ``response_id``, its parts, its generation task);
+    each part's lifecycle is read from the fold (the reply tracker)."""
+
+    part: _Part
+    """The part the generation writes to now."""
     user_turn: int
     task: asyncio.Task[None] | None = None
+    parts: list[_Part] = field(default_factory=list)
+    """Every part, the current one last."""
+
+    @property
+    def id(self) -> str:
+        """The current part's reply id."""
+        return self.part.id
+
+    @property
+    def response_id(self) -> int:
+        """Retell's id of the response."""
+        return self.part.response_id
 
 
 class RetellTurn:
@@ -78,10 +104,14 @@ class RetellTurn:
         self._reply = reply
         self.request = request
         self.response_id = reply.response_id
-        self.reply = reply.id
         self.interaction_type: str = str(request.get("interaction_type"))
         self.end_call = False
         self.transfer_number: str | None = None
+
+    @property
+    def reply(self) -> str:
+        """The calltape reply the generation writes to now (a new one after each tool call)."""
+        return self._reply.id
 
     @property
     def current(self) -> bool:
@@ -216,15 +246,21 @@ class RetellLLMSession:
         # anything else (newer protocol additions) is ignored
 
     def _new_reply(self, response_id: int, request: Mapping[str, Any]) -> _Reply:
-        rid = f"{self.reply_prefix}{response_id}"
-        n = 1
+        part = self._new_part(f"{self.reply_prefix}{response_id}", response_id, len(self._transcript))
+        reply = _Reply(part, self._user_turn, parts=[part])
+        self._replies[response_id] = reply
+        return reply
+
+    def _new_part(self, base: str, response_id: int, start_index: int, skip: int = 0) -> _Part:
+        rid, n = base, 1
         while self.replies.state(rid) is not None:
             n += 1
-            rid = f"{self.reply_prefix}{response_id}.{n}"
-        reply = _Reply(rid, response_id, len(self._transcript), self._user_turn)
-        self._replies[response_id] = reply
+            rid = f"{base}.{n}"
         self.replies.begin(rid)
-        return reply
+        return _Part(rid, response_id, start_index, skip)
+
+    def _parts(self) -> list[_Part]:
+        return [p for r in self._replies.values() for p in r.parts]
 
     def _on_transcript(self, transcript: Sequence[Any], *, final: bool) -> None:
         self._transcript = [u for u in transcript if isinstance(u, Mapping)]
@@ -241,18 +277,31 @@ class RetellLLMSession:
             elif self._interim != (i, text):
                 self._interim = (i, text)
                 self.call.emit("user.transcript", {"text": text, "final": False})
-        for reply in self._replies.values():
-            if self.replies.finished(reply.id):
+        for part in self._parts():
+            if self.replies.finished(part.id):
                 continue
-            spoken = [
-                str(u.get("content") or "").strip()
-                for u in self._transcript[reply.start_index :]
-                if u.get("role") == "agent"
-            ]
-            heard = " ".join(s for s in spoken if s)
+            heard = self._spoken(part)
             if heard:
-                self.replies.speech_started(reply.id)
-                self.replies.heard(reply.id, heard)
+                self.replies.speech_started(part.id)
+                self.replies.heard(part.id, heard)
+                if part.split:  # an announcement before a tool call: heard-first effects wait for it
+                    self._settle_if_heard(part.id)
+
+    def _spoken(self, part: _Part) -> str:
+        """What Retell's transcript shows spoken of the part (its words of the response's utterances)."""
+        spoken = [
+            str(u.get("content") or "").strip()
+            for u in self._transcript[part.start_index :]
+            if u.get("role") == "agent"
+        ]
+        heard = " ".join(s for s in spoken if s)
+        if not part.skip and not part.split:
+            return heard
+        words = heard.split()[part.skip :]
+        if part.split:
+            st = self.replies.state(part.id)
+            words = words[: len(st.generated.split())] if st is not None else words
+        return " ".join(words)
 
     def _settle_if_heard(self, rid: str) -> None:
         """Ends the playout of a complete reply whose every word Retell's transcript shows as spoken."""
@@ -265,18 +314,41 @@ class RetellLLMSession:
 
     def _supersede(self, response_id: int) -> None:
         for reply in list(self._replies.values()):
-            if reply.response_id >= response_id or self.replies.finished(reply.id):
+            if reply.response_id >= response_id:
                 continue
             if reply.task is not None and not reply.task.done():
                 reply.task.cancel()
-            self._settle_if_heard(reply.id)
-            if self.replies.finished(reply.id):
-                continue
-            st = self.replies.state(reply.id)
-            heard = (st.reported_heard if st is not None else None) or ""
-            self.replies.interrupt(reply.id, cause="user_speech", heard=heard)
-            if st is not None and st.speech_started:
-                self.replies.speech_ended(reply.id, interrupted=True, heard=heard)
+            for part in reply.parts:
+                self._settle_if_heard(part.id)
+                if self.replies.finished(part.id):
+                    continue
+                st = self.replies.state(part.id)
+                heard = (st.reported_heard if st is not None else None) or ""
+                self.replies.interrupt(part.id, cause="user_speech", heard=heard)
+                if st is not None and st.speech_started:
+                    self.replies.speech_ended(part.id, interrupted=True, heard=heard)
+
+    def _end_part_at_call(self, reply: _Reply) -> str:
+        """The reply a tool call of the response belongs to: the current part, which the call ends (the
+        caller hears it before the tool runs); text after the call goes into a new part."""
+        part = reply.part
+        if not part.split:
+            part.split = True
+            self.replies.done(part.id)
+            self._settle_if_heard(part.id)  # a part with no text is heard as it completes
+        return part.id
+
+    def _writing_part(self, reply: _Reply) -> str:
+        """The part the generation writes to: a new one once the current part ended at a tool call."""
+        part = reply.part
+        if part.split:
+            st = self.replies.state(part.id)
+            words = len(st.generated.split()) if st is not None else 0
+            base = reply.parts[0].id
+            part = self._new_part(f"{base}.t{len(reply.parts)}", part.response_id, part.start_index, part.skip + words)
+            reply.part = part
+            reply.parts.append(part)
+        return part.id
 
     # -- us → Retell ------------------------------------------------------------------------------
 
@@ -287,7 +359,7 @@ class RetellLLMSession:
                 if self._cut(reply):
                     return
                 if chunk:
-                    self.replies.text(reply.id, chunk)
+                    self.replies.text(self._writing_part(reply), chunk)
                     await self.send(
                         {
                             "response_type": "response",
@@ -316,9 +388,10 @@ class RetellLLMSession:
             self.replies.done(reply.id)
 
     def _cut(self, reply: _Reply) -> bool:
-        """The reply was superseded (or otherwise ended): stop generating it."""
+        """The reply was superseded (or otherwise ended): stop generating it. A part that ended at a tool
+        call and was heard in full is not cut: the response goes on after the call."""
         st = self.replies.state(reply.id)
-        return st is None or st.interrupted or st.speech_ended
+        return st is None or st.interrupted or (st.speech_ended and not reply.part.split)
 
     async def _run_tool(
         self,
@@ -335,6 +408,7 @@ class RetellLLMSession:
             cid = call_id or f"{reply.id}:{name}:{len(self._tools) + 1}"
             args = orjson.loads(key[2]) if isinstance(arguments, str) and key[2].startswith("{") else arguments
             self.call.emit("tool.call", {"call": cid, "name": name, "arguments": args, "reply": reply.id})
+            self._end_part_at_call(reply)
             await self.send(
                 {
                     "response_type": "tool_call_invocation",
@@ -345,6 +419,8 @@ class RetellLLMSession:
             )
             task = asyncio.create_task(self._run_and_report(cid, name, args, body, reply.id, spec))
             self._tools[key] = task
+        else:  # asked again (a re-asked response): its announcement ends at the call too
+            self._end_part_at_call(reply)
         return await asyncio.shield(task)  # superseding the response cancels the caller, not the tool
 
     async def _run_and_report(

@@ -200,6 +200,10 @@ async def _effect(
 async def _heard_first(guarded: GuardedCall, name: str) -> None:
     """Waits until the reply that carried the call has played out; a barge-in first: not run."""
     host = guarded.host
+    if not host.playout_reported and _unplayed(host, guarded.reply):
+        # nothing will say the announcement played out: never run unheard, and say so now
+        _report(host, "effect_not_run", guarded, name)
+        raise EffectNotRun(name, guarded.reply, "cannot be known to have played out on this platform")
     try:
         await host.wait_for_playout(guarded.reply)
         if not host.reply_interrupted(guarded.reply):
@@ -208,6 +212,12 @@ async def _heard_first(guarded: GuardedCall, name: str) -> None:
         pass
     _report(host, "effect_not_run", guarded, name)
     raise EffectNotRun(name, guarded.reply)
+
+
+def _unplayed(host: ToolHost, reply: str) -> bool:
+    """The reply is still generating, playing, or was cut (a reply with no text plays out as it ends)."""
+    state = host.fold.reply_state(reply)
+    return state is not None and (state.interrupted or state.generating or state.awaiting_playout)
 
 
 async def _run(

@@ -66,6 +66,12 @@ class ToolHost(FoldedSink, Protocol):
         """The call's tool specs by name (a tool without one runs with ``ToolSpec()``)."""
         ...
 
+    @property
+    def playout_reported(self) -> bool:
+        """Whether something tells this call when a reply has played to its end. False (a platform that
+        reports no playout): a heard-first effect whose reply has not played out is refused at once."""
+        ...
+
     def emit(
         self,
         event_type: str,

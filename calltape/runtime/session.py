@@ -92,6 +92,10 @@ class CallSession:
         self.tools: dict[str, ToolSpec] = dict(tools or {})
         self.bus = bus or recoveries
         self.playout = PlayoutWaiters()
+        self.playout_reported = True
+        """Whether something reports to this call when a reply played to its end (``agent.speech.ended``).
+        An adapter of a platform that never says so sets it False: a heard-first effect (SPEC section 8)
+        then refuses at once (``EffectNotRun``) instead of waiting for a playout nobody will report."""
         self.runner = ToolRunner(self)
         self._refused: set[str] = set()  # ids the store refused that the fold still holds
         self._refold_task: asyncio.Task[None] | None = None
@@ -518,9 +522,13 @@ class CallSession:
             self.playout.discard(rid, future)
 
     async def effect_events(self) -> list[Event]:
-        """The session's ``tool.effect`` events in the log, once everything emitted so far has committed."""
-        await self.recorder.flush()
-        return [e for e in await self.recorder.store.read(self.session_id) if e.type == "tool.effect"]
+        """The session's ``tool.effect`` events in the log, once everything emitted so far has committed.
+
+        Settled (:func:`~calltape.loopclock.settle`): on a virtual-clock test loop the read, done off the
+        loop, must not let the clock jump to the next timer (the tool's timeout, a scripted barge-in)."""
+        await settle(self.recorder.flush())
+        events = await settle(self.recorder.store.read(self.session_id))
+        return [e for e in events if e.type == "tool.effect"]
 
     async def handoff(
         self, to: str, *, instructions: str | None = None, reason: str | None = None, format: str = "native"

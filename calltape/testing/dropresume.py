@@ -29,6 +29,7 @@ from calltape.errors import CalltapeError, Interrupted, StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
+from calltape.loopclock import settle
 from calltape.projections import ToolCallState
 from calltape.runtime import CallInterceptor, CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, Verdict, resume
 
@@ -81,6 +82,7 @@ class _Severed:
         self.fold = call.fold
         self.tools: Mapping[str, ToolSpec] = call.tools
         self.session_id = call.session_id
+        self.playout_reported = call.playout_reported
         self._agent, self._epoch = call.writer_agent, call.epoch
 
     def emit(
@@ -167,16 +169,24 @@ class DropHook(CallInterceptor):
             self._carrier.lose()
         self._task = asyncio.ensure_future(self._drop_and_resume())
 
+    async def _drop_in_the_log(self) -> ResumePlan:
+        """``session.dropped``, the resume, and this call object made the resumed call's writer."""
+        call = self.call
+        await self.recorder.flush()  # what the writer emitted before the drop is in the log
+        dropped = make_event(call.session_id, "session.dropped", {"reason": "exploration"}, epoch=call.epoch)
+        await self.store.append([dropped])
+        plan = await resume(self.store, call.session_id, self.agent, tools=call.tools, bus=call.bus)
+        # The same object becomes the resumed call's writer: the scenario holds it. The old runner
+        # and playout waiters stay with the dropped writer (severed, released).
+        await call.reattach()
+        return plan
+
     async def _drop_and_resume(self) -> None:
         call = self.call
         try:
-            await self.recorder.flush()  # what the writer emitted before the drop is in the log
-            dropped = make_event(call.session_id, "session.dropped", {"reason": "exploration"}, epoch=call.epoch)
-            await self.store.append([dropped])
-            self.plan = await resume(self.store, call.session_id, self.agent, tools=call.tools, bus=call.bus)
-            # The same object becomes the resumed call's writer: the scenario holds it. The old runner
-            # and playout waiters stay with the dropped writer (severed, released).
-            await call.reattach()
+            # settled: the store's work is off the loop, and a virtual clock must not jump meanwhile to
+            # the scenario's next timer (a barge-in, a tool's timeout), or runs would differ by chance
+            self.plan = await settle(self._drop_in_the_log())
             self._holding = False
             call.release()  # what the scenario said meanwhile, now on the resumed call, in order
             if self._carrier is not None:

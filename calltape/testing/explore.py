@@ -135,7 +135,8 @@ class Run:
         return [e.data["call"] for e in self.events if e.type == "tool.call" and e.data.get("name") == name]
 
     def effects(self, name: str) -> list[EffectState]:
-        """The effects of tool ``name`` (its real-world actions, by key) in the order first recorded, as
+        """The effects named ``name`` (``calltape.effect(name, key, ...)``: the action, not the tool that
+        runs it), one per key, in the order first recorded, as
         SPEC section 8 folds them (:class:`~calltape.projections.effects.EffectLog`): each with its latest
         phase, its runs (the call and seq of every ``started``, and what became of it) and its output."""
         return [state for state in EffectLog.of(self.events) if state.name == name]

@@ -306,3 +306,30 @@ async def test_a_lost_connection_leaves_the_session_dropped(store_url: str, serv
         events = await ct.store.read("conv_lost")
         assert [e.type for e in events][-2:] == ["agent.speech.ended", "session.dropped"]
         assert (await ct.store.session_info("conv_lost")).status == "dropped"  # type: ignore[union-attr]
+
+
+@needs_async
+async def test_a_heard_first_effect_is_refused_at_once_in_a_voice_conversation(store_url: str, server: Any) -> None:
+    """ElevenLabs never reports that a reply finished playing: a heard-first effect in a client tool is
+    not run (never unheard) and is refused at once, not left waiting for a playout nobody reports."""
+    fake, base = await server([opening("conv_effect"), *SCRIPT[:3], "await-tool-result tc_1"])
+    charges: list[str] = []
+
+    async def charge() -> str:
+        charges.append("BK-42")
+        return "BK-42"
+
+    async def book(params: dict[str, Any]) -> Any:
+        return await calltape.effect("book", "table-8pm", charge, heard=True)
+
+    tools = ClientTools()
+    tools.register("book", book, is_async=True)
+    async with calltape.connect(store_url) as ct:
+        started = asyncio.get_running_loop().time()
+        await converse(ct, base, tools)
+        assert asyncio.get_running_loop().time() - started < 5  # the tool's timeout is 30 s by default
+        assert charges == []
+        assert [r["result"] for r in fake.results()] == [{"status": "cancelled", "reason": "interrupted"}]
+        events = await ct.store.read("conv_effect")
+        assert [e.data["outcome"] for e in events if e.type == "tool.cancelled"] == ["not_run"]
+        assert not [e for e in events if e.type == "tool.effect"]

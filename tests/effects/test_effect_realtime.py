@@ -4,6 +4,7 @@ recorded output, and the action ran once."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import calltape
@@ -41,4 +42,66 @@ async def test_a_realtime_tool_books_once_across_call_ids(recorder: Recorder) ->
         ("c1", "started"),
         ("c1", "done"),
     ]
+    assert check_events(events) == []
+
+
+AUDIO_MS = 400  # the announcement's audio: the server sends it at once, the client plays it for 0.4 s
+
+
+async def _announce_and_ask(tap: RealtimeTap, n: int) -> Any:
+    for e in _user(f"u{n}", "Charge my order, please."):
+        tap.server_event(e)
+    for e in _assistant(f"resp_{n}", f"a{n}", "Charging 40 dollars for order seven now.", AUDIO_MS):
+        tap.server_event(e)
+    (fc,) = tap.server_event(_done(f"resp_{n}", "completed", [(f"c{n}", "charge", "{}")]))
+    return fc
+
+
+async def test_heard_first_waits_for_the_audio_to_play_not_for_response_done(recorder: Recorder) -> None:
+    """The default playout ("response"): the server's ``response.done`` comes long before the client has
+    played the audio; a heard-first effect waits for the audio's length from its first delta."""
+    call = await CallSession.start(recorder, "rt-heard", agent="host")
+    tap = RealtimeTap(call)
+    charged_at: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def charge() -> dict[str, Any]:
+        charged_at.append(loop.time())
+        return {"charged": 40}
+
+    asked = loop.time()
+    fc = await _announce_and_ask(tap, 1)
+    outcome = await tap.run_tool(fc, lambda: calltape.effect("charge", "order-7", charge, heard=True))
+    assert outcome.status == "completed" and len(charged_at) == 1
+    assert charged_at[0] - asked >= AUDIO_MS / 1000 * 0.9  # not at response.done
+    await call.end()
+    await recorder.flush()
+    events = await recorder.store.read("rt-heard")
+    ended = next(e.seq for e in events if e.type == "agent.speech.ended")
+    started = next(e.seq for e in events if e.type == "tool.effect")
+    assert ended < started and check_events(events) == []
+
+
+async def test_a_truncate_while_the_audio_plays_means_not_run(recorder: Recorder) -> None:
+    """The client cuts the announcement (``conversation.item.truncate``) after the server said
+    ``response.done``: the heard-first effect is not run, and the rules agree."""
+    call = await CallSession.start(recorder, "rt-cut", agent="host")
+    tap = RealtimeTap(call)
+    charges: list[int] = []
+
+    async def charge() -> dict[str, Any]:
+        charges.append(40)
+        return {"charged": 40}
+
+    fc = await _announce_and_ask(tap, 1)
+    running = asyncio.ensure_future(tap.run_tool(fc, lambda: calltape.effect("charge", "order-7", charge, heard=True)))
+    await asyncio.sleep(AUDIO_MS / 1000 / 4)
+    tap.client_event({"type": "conversation.item.truncate", "item_id": "a1", "content_index": 0, "audio_end_ms": 100})
+    outcome = await running
+    assert charges == [] and outcome.status == "cancelled"
+    await call.end()
+    await recorder.flush()
+    events = await recorder.store.read("rt-cut")
+    assert [e.data["outcome"] for e in events if e.type == "tool.cancelled"] == ["not_run"]
+    assert not [e for e in events if e.type == "tool.effect"]
     assert check_events(events) == []

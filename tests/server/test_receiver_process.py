@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from calltape.adapters.retell import sign_retell
+from calltape.checks import check_events
 from calltape.events import Event
 from calltape.eventstore import EventStore, open_store
 from calltape.projections import build_context, render
@@ -313,7 +314,9 @@ async def test_retell_custom_llm_session_over_a_websocket(server: tuple[str, str
             ],
         },
         {"role": "tool", "tool_call_id": "retell-1:book:1", "content": '{"booked":"15:00"}'},
-        {"role": "assistant", "content": "Sure, booking 3pm. Done: booked 15:00."},
+        # response 2 asked for the call again: its reply ends there, the words after the result are a new one
+        {"role": "assistant", "content": "Sure, booking 3pm."},
+        {"role": "assistant", "content": "Done: booked 15:00."},
         {"role": "assistant", "content": "Are you still there?"},
     ]
 
@@ -339,3 +342,61 @@ async def test_retell_custom_llm_refuses_an_unknown_path_token(server: tuple[str
     async with connect(_ws_url(base, "srv-retell-llm-y")) as ws:  # the right token connects
         assert (await _recv(ws))["response_type"] == "config"
     assert await _events(reader, "srv-retell-llm-x") == []
+
+
+# A heard-first effect in a tool the receiver runs: Retell's transcript says when the announcement played.
+
+
+HEARD_CALL, CUT_CALL = "srv-retell-effect-heard", "srv-retell-effect-cut"
+
+
+async def _ask_charge(ws: ClientConnection, spoken: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Asks for a charge, then Retell shows the first words of the announcement (``spoken``) said; returns
+    the user's utterance, the whole announcement and what was said of it, as Retell's transcript has them."""
+    assert (await _recv(ws))["response_type"] == "config"
+    await _recv(ws)  # the begin message
+    user = {"role": "user", "content": "Please charge my order."}
+    await ws.send(json.dumps({"interaction_type": "response_required", "response_id": 1, "transcript": [user]}))
+    frames = await _recv_until(ws, lambda f: f["response_type"] == "tool_call_invocation")
+    assert frames[-1]["name"] == "charge_card"
+    partly = {"role": "agent", "content": spoken}
+    await ws.send(json.dumps({"interaction_type": "update_only", "transcript": [user, partly]}))
+    return user, {"role": "agent", "content": frames[0]["content"].strip()}, partly
+
+
+async def test_retell_heard_first_effect_runs_once_the_announcement_played(
+    server: tuple[str, str], reader: EventStore
+) -> None:
+    async with connect(_ws_url(server[0], HEARD_CALL)) as ws:
+        user, said, _ = await _ask_charge(ws, "Charging 40 dollars")
+        with pytest.raises(TimeoutError):  # half the announcement: the action waits
+            await asyncio.wait_for(ws.recv(), timeout=0.5)
+        assert not [e for e in await reader.read(HEARD_CALL) if e.type == "tool.effect"]
+        await ws.send(json.dumps({"interaction_type": "update_only", "transcript": [user, said]}))
+        rest = await _recv_until(ws, lambda f: f.get("content_complete") is True)
+    assert json.loads(rest[0]["content"]) == {"charged": 40}
+    assert "".join(f.get("content", "") for f in rest[1:]) == "Charged."
+    events = await _until(reader, HEARD_CALL, lambda ev: any(e.data.get("phase") == "done" for e in ev))
+    ended = next(e.seq for e in events if e.type == "agent.speech.ended" and e.data["reply"] == "retell-1")
+    started = next(e for e in events if e.type == "tool.effect" and e.data["phase"] == "started")
+    assert started.seq > ended and started.data["heard"] is True
+    assert check_events(events) == []
+
+
+async def test_retell_heard_first_effect_is_not_run_after_a_barge_in(
+    server: tuple[str, str], reader: EventStore
+) -> None:
+    async with connect(_ws_url(server[0], CUT_CALL)) as ws:
+        user, _, partly = await _ask_charge(ws, "Charging 40")
+        stop = {"role": "user", "content": "No, stop."}
+        asked = time.monotonic()
+        await ws.send(
+            json.dumps({"interaction_type": "response_required", "response_id": 2, "transcript": [user, partly, stop]})
+        )
+        result = (await _recv_until(ws, lambda f: f["response_type"] == "tool_call_result"))[-1]
+        assert time.monotonic() - asked < 2  # promptly, not at the tool's timeout
+    assert json.loads(result["content"]) == {"reason": "interrupted", "status": "cancelled"}
+    events = await _until(reader, CUT_CALL, lambda ev: any(e.type == "tool.cancelled" for e in ev))
+    assert [e.data["outcome"] for e in events if e.type == "tool.cancelled"] == ["not_run"]
+    assert not [e for e in events if e.type == "tool.effect"]
+    assert [v.rule for v in check_events(events)] == []
