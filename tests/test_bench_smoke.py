@@ -31,6 +31,7 @@ HEADLINE_KEYS = {
     "read_ratio_vs_raw",
     "max_sessions_sustained",
     "sqlite_append_ratio_vs_raw",
+    "resume_growth_200k_vs_10k",
 }
 
 

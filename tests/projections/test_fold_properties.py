@@ -250,7 +250,9 @@ class SegmentRows:
     async def save_snapshot_segments(self, session: str, version: int, segments: Any) -> None:
         for slot, body in segments:
             self.written.append(slot)
-            self.rows.setdefault(slot, body)
+            # content-addressed: a slot written again (the same items frozen again after a thaw) holds
+            # the same bytes
+            assert self.rows.setdefault(slot, body) == body
 
     async def load_snapshot_segments(self, session: str, version: int) -> list[tuple[int, bytes]]:
         return [(k, v) for k, v in self.rows.items() if k < 0]
@@ -267,7 +269,7 @@ def test_chained_stored_snapshots_plus_tail_equal_full_fold(
     plan: list[tuple[int, int]], modality: str, cuts: list[int], cold: bool
 ) -> None:
     """The same through the stored form (a header beside segments), restored from the segment cache or,
-    ``cold``, from the rows: every segment is written once, and the state is the one of the blob."""
+    ``cold``, from the rows: a slot always holds the same bytes, and the state is the one of the blob."""
     _, unique, _ = build(plan, modality)
     full = fold_events(unique, session="s1")
     rows = SegmentRows()
@@ -282,7 +284,7 @@ def test_chained_stored_snapshots_plus_tail_equal_full_fold(
         return restored
 
     fold = chained(unique, cuts, again)
-    assert len(rows.written) == len(set(rows.written))
+    assert len(rows.written) <= len(unique)  # a segment per freeze at most, never the call again per save
     assert fold.native() == full.native()
     assert fold.to_snapshot() == full.to_snapshot()
     assert fold.tool_calls() == full.tool_calls()
