@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from calltape.errors import CalltapeError, Interrupted, StoreUnavailable
-from calltape.events import Event, make_event
+from calltape.events import Event, EventData, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
@@ -86,14 +86,14 @@ class _Severed:
         self._agent, self._epoch = call.writer_agent, call.epoch
 
     def emit(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         event = make_event(self.session_id, event_type, data, id=id, agent=self._agent, epoch=self._epoch, at_ms=at_ms)
         self.fold.apply(event)
         return event
 
     async def emit_durable(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         return self.emit(event_type, data, at_ms=at_ms, id=id)
 
