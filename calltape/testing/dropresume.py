@@ -32,8 +32,9 @@ from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ToolCallState
 from calltape.runtime import CallInterceptor, CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, Verdict, resume
+from calltape.testing.script import settled_through_drops
 
-__all__ = ["DropCarrier", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
+__all__ = ["DropCarrier", "DropCarrying", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
 
 _OUTCOMES = frozenset({"tool.progress", "tool.result", "tool.cancelled"})
 
@@ -49,6 +50,42 @@ class DropCarrier(Protocol):
     async def carry_on(self, plan: ResumePlan) -> None:
         """The call was resumed (``plan``; the call now writes at the new epoch): a new framework
         session, seeded with the plan's context, takes the call on and the caller talks to it."""
+
+
+class DropCarrying:
+    """The drop bookkeeping every framework caller (:class:`calltape.testing.pipecat.PipecatCaller`,
+    :class:`calltape.testing.livekit.LiveKitCaller`) shares: whether its agent runs, the closing of a
+    lost agent, and the gate its speech waits on until a new agent carries the call on."""
+
+    call: CallSession
+
+    def __init__(self) -> None:
+        self._running = False
+        self._lost: asyncio.Future[None] | None = None
+        self._carried = asyncio.Event()
+        self._carried.set()
+
+    def _cut_off(self, closing: Awaitable[None]) -> None:
+        """The agent is lost: it stops, the caller's speech waits, and ``closing`` closes the old agent."""
+        self._running = False
+        self._carried.clear()
+        self._lost = asyncio.ensure_future(closing)
+
+    async def _closed(self) -> None:
+        """Returns once the lost agent (if any) has closed."""
+        if self._lost is not None:
+            await self._lost
+            self._lost = None
+
+    async def _leave(self) -> None:
+        """The caller hangs up: the agent stops and a lost one finishes closing."""
+        self._running = False
+        await self._closed()
+
+    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
+        on the new agent when the call was dropped meanwhile."""
+        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)
 
 
 class _CarrierPart:
