@@ -872,10 +872,14 @@ def _parse_union(obj: Mapping[str, Any], event_type: str) -> Event:
     )
 
 
+EventData = Mapping[str, Any] | None
+"""The data an event is made from (None: no data), as every writer's ``emit`` takes it."""
+
+
 def make_event(
     session: str,
     event_type: str,
-    data: Mapping[str, Any] | None = None,
+    data: EventData = None,
     *,
     id: str | None = None,
     at_ms: int | None = None,

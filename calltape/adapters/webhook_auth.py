@@ -54,6 +54,21 @@ def _same(given: bytes, expected: bytes) -> bool:
     return hmac.compare_digest(given, expected)
 
 
+def _bytes(body: bytes | str) -> bytes:
+    """A body to sign as bytes (a str as UTF-8), as the ``sign_*`` helpers take either."""
+    return body.encode() if isinstance(body, str) else body
+
+
+def _hmac_hex(secret: str, message: bytes) -> str:
+    """The hex HMAC-SHA256 of ``message`` under ``secret``: the digest every platform here signs with."""
+    return hmac.new(_secret(secret), message, hashlib.sha256).hexdigest()
+
+
+def _outside(when: float, now: float, tolerance: float) -> bool:
+    """Whether a signed timestamp is older than ``tolerance`` or further ahead than the clock skew allows."""
+    return when < now - tolerance or when > now + _CLOCK_SKEW_S
+
+
 def _hex_digest(value: str | bytes | None) -> bytes:
     """A hex digest header, trimmed and lower-cased (ASCII only: other bytes are left as they are)."""
     return header_bytes(value).strip().lower()
@@ -81,7 +96,7 @@ def verify_vapi_request(
         checks.append(_same(header_bytes(lower.get("authorization")), b"Bearer " + _secret(bearer)))
     if hmac_secret is not None:
         given = _hex_digest(lower.get("x-vapi-signature")).removeprefix(b"sha256=")
-        expected = hmac.new(_secret(hmac_secret), body, hashlib.sha256).hexdigest().encode()
+        expected = _hmac_hex(hmac_secret, body).encode()
         checks.append(_same(given, expected))
     return bool(checks) and all(checks)
 
@@ -89,9 +104,8 @@ def verify_vapi_request(
 def sign_retell(body: bytes | str, api_key: str, timestamp_ms: int | None = None) -> str:
     """The ``X-Retell-Signature`` Retell would send (for tests and local replays)."""
     ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    raw = body.encode() if isinstance(body, str) else body
-    digest = hmac.new(_secret(api_key), raw + str(ts).encode(), hashlib.sha256).hexdigest()
-    return f"v={ts},d={digest}"
+    raw = _bytes(body)
+    return f"v={ts},d={_hmac_hex(api_key, raw + str(ts).encode())}"
 
 
 def verify_retell_signature(
@@ -111,7 +125,7 @@ def verify_retell_signature(
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if abs(now - ts) > tolerance_ms:
         return False
-    expected = hmac.new(_secret(api_key), body + str(ts).encode(), hashlib.sha256).hexdigest().encode()
+    expected = _hmac_hex(api_key, body + str(ts).encode()).encode()
     return _same(expected, digest)
 
 
@@ -120,7 +134,7 @@ def verify_bland_signature(body: bytes, secret: str, signature: str | bytes | No
     given = _hex_digest(signature)
     if not given:
         return False
-    expected = hmac.new(_secret(secret), body, hashlib.sha256).hexdigest().encode()
+    expected = _hmac_hex(secret, body).encode()
     return _same(expected, given)
 
 
@@ -134,9 +148,8 @@ _CLOCK_SKEW_S = 5 * 60
 def sign_elevenlabs(body: bytes | str, secret: str, timestamp_s: int | None = None) -> str:
     """The ``ElevenLabs-Signature`` ElevenLabs would send (for tests and local replays)."""
     ts = int(time.time()) if timestamp_s is None else timestamp_s
-    raw = body.encode() if isinstance(body, str) else body
-    digest = hmac.new(_secret(secret), str(ts).encode() + b"." + raw, hashlib.sha256).hexdigest()
-    return f"t={ts},v0={digest}"
+    raw = _bytes(body)
+    return f"t={ts},v0={_hmac_hex(secret, str(ts).encode() + b'.' + raw)}"
 
 
 def verify_elevenlabs_signature(
@@ -160,9 +173,9 @@ def verify_elevenlabs_signature(
     if ts is None or not digests:
         return False
     now = int(time.time()) if now_s is None else now_s
-    if ts < now - tolerance_s or ts > now + _CLOCK_SKEW_S:
+    if _outside(ts, now, tolerance_s):
         return False
-    expected = hmac.new(_secret(secret), str(ts).encode() + b"." + body, hashlib.sha256).hexdigest().encode()
+    expected = _hmac_hex(secret, str(ts).encode() + b"." + body).encode()
     return any(_same(expected, d) for d in digests)
 
 
@@ -184,8 +197,8 @@ def sign_ultravox(body: bytes | str, secret: str, timestamp: str | None = None) 
     from datetime import UTC, datetime
 
     ts = timestamp if timestamp is not None else datetime.now(UTC).isoformat()
-    raw = body.encode() if isinstance(body, str) else body
-    return ts, hmac.new(_secret(secret), raw + ts.encode(), hashlib.sha256).hexdigest()
+    raw = _bytes(body)
+    return ts, _hmac_hex(secret, raw + ts.encode())
 
 
 def verify_ultravox_signature(
@@ -205,7 +218,7 @@ def verify_ultravox_signature(
     if when is None:
         return False
     now = time.time() if now_s is None else now_s
-    if when < now - tolerance_s or when > now + _CLOCK_SKEW_S:
+    if _outside(when, now, tolerance_s):
         return False
-    expected = hmac.new(_secret(secret), body + ts, hashlib.sha256).hexdigest().encode()
+    expected = _hmac_hex(secret, body + ts).encode()
     return any(_same(expected, d.strip().lower()) for d in header_bytes(signature).split(b","))

@@ -25,7 +25,7 @@ import time
 import uuid
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
@@ -37,7 +37,7 @@ from calltape.errors import DurableAppendTimeout as DurableAppendTimeout  # re-e
 from calltape.errors import RecorderClosed as RecorderClosed
 from calltape.errors import RecorderFull as RecorderFull
 from calltape.errors import RecorderSpilled as RecorderSpilled
-from calltape.events import Event, dumps_jsonl, make_event, now_ms
+from calltape.events import Event, EventData, dumps_jsonl, make_event, now_ms
 from calltape.eventstore.errors import is_transient
 from calltape.eventstore.store import EventStore
 from calltape.redaction import RedactingStream, Redactor
@@ -567,23 +567,13 @@ class _SessionTape:
         self.epoch = epoch
 
     def make(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Builds a validated event of this session with the tape's agent and epoch."""
         return make_event(self.session, event_type, data, id=id, agent=self.agent, epoch=self.epoch, at_ms=at_ms)
 
     def emit(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records without waiting. A fixed ``id`` makes re-emitting the same fact harmless."""
         event = self.make(event_type, data, at_ms=at_ms, id=id)
@@ -591,12 +581,7 @@ class _SessionTape:
         return event
 
     async def append(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records one event and returns the stored event once it has committed."""
         return await self.recorder.append(self.make(event_type, data, at_ms=at_ms, id=id))

@@ -32,7 +32,7 @@ import orjson
 
 from calltape.errors import SnapshotMismatch
 from calltape.projections.fold import FOLD_VERSION, ContextFold
-from calltape.projections.snapshot import Captured, Segment, decode_segments, read_header
+from calltape.projections.snapshot import Captured, Segment, SegmentIds, decode_segments, read_header
 
 _REFS: Final = b'{"segments":'
 
@@ -93,13 +93,13 @@ class SegmentCache:
 CACHE = SegmentCache(64 << 20)
 """The process's segment cache (64 MiB: about two 200k-event calls' frozen parts)."""
 
-_IDS: OrderedDict[tuple[str, ...], tuple[frozenset[str], frozenset[str]]] = OrderedDict()
+_IDS: OrderedDict[tuple[str, ...], SegmentIds] = OrderedDict()
 """The reply and call ids of a list of segments (by their keys), for the last few lists restored:
 a restore of the same snapshot again builds no set of the whole call."""
 _IDS_KEPT: Final = 32
 
 
-def _ids(keys: tuple[str, ...], segments: list[Segment]) -> tuple[frozenset[str], frozenset[str]]:
+def _ids(keys: tuple[str, ...], segments: list[Segment]) -> SegmentIds:
     found = _IDS.get(keys)
     if found is None:
         replies: set[str] = set()

@@ -185,6 +185,10 @@ class Ids:
         self.own.update(ids)
 
 
+SegmentIds = tuple[frozenset[str], frozenset[str]]
+"""The reply ids and the call ids a list of segments froze, as sets (what a restore checks against)."""
+
+
 class Segment:
     """What one freeze added to the frozen lines: four inner parts (native items, records, reply ids,
     call ids; each may be empty), identified by a digest of their bytes. Never changed once made."""
@@ -512,10 +516,7 @@ def read_header(line: bytes | memoryview) -> dict[str, Any]:
 
 
 def decode_segments(
-    f: ContextFold,
-    header: dict[str, Any],
-    segments: list[Segment],
-    ids: tuple[frozenset[str], frozenset[str]] | None = None,
+    f: ContextFold, header: dict[str, Any], segments: list[Segment], ids: SegmentIds | None = None
 ) -> None:
     """Restores a header (:func:`read_header`) and the segments it names into the fresh fold ``f``;
     ``ids``: the segments' reply and call ids, when the caller holds them as sets already."""
@@ -554,12 +555,7 @@ def _inline_segment(s: dict[str, Any], view: memoryview, end: int) -> list[Segme
     return [Segment(items, tuple(line[1:-1] for line in lines))]
 
 
-def _restore(
-    f: ContextFold,
-    s: dict[str, Any],
-    segments: list[Segment],
-    ids: tuple[frozenset[str], frozenset[str]] | None = None,
-) -> None:
+def _restore(f: ContextFold, s: dict[str, Any], segments: list[Segment], ids: SegmentIds | None = None) -> None:
     f.session = s["session"]
     f.seq, f._count, f.last_clean_seq = int(s["seq"]), int(s["count"]), int(s["last_clean_seq"])
     f.agent, f.epoch, f.modality, f.instructions = s["agent"], int(s["epoch"]), s["modality"], s["instructions"]

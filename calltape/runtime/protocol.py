@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from calltape.events import Event
+from calltape.events import Event, EventData
 from calltape.projections import ContextFold, ToolCallState
 from calltape.runtime.recovery import Recovery
 from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
@@ -73,23 +73,13 @@ class ToolHost(FoldedSink, Protocol):
         ...
 
     def emit(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records one event without waiting; a fixed ``id`` makes re-emitting the same fact harmless."""
         ...
 
     async def emit_durable(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records one event and returns once it has committed (after everything emitted before it)."""
         ...

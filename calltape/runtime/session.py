@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
-from calltape.events import Event, make_event
+from calltape.events import Event, EventData, make_event
 from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
@@ -137,7 +137,7 @@ class CallSession:
         modality: str = "voice",
         tenant: str | None = None,
         framework: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: EventData = None,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
     ) -> CallSession:
@@ -181,18 +181,13 @@ class CallSession:
         """This writer's epoch: a writer of an older epoch is refused by the store."""
         return self._epoch
 
-    def _make(self, event_type: str, data: Mapping[str, Any] | None, at_ms: int | None, id: str | None) -> Event:
+    def _make(self, event_type: str, data: EventData, at_ms: int | None, id: str | None) -> Event:
         return make_event(
             self.session_id, event_type, data, id=id, agent=self.writer_agent, epoch=self._epoch, at_ms=at_ms
         )
 
     def emit(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records one event without waiting (the voice loop's call) and folds it into the live context.
 
@@ -210,12 +205,7 @@ class CallSession:
         return event
 
     async def emit_durable(
-        self,
-        event_type: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        at_ms: int | None = None,
-        id: str | None = None,
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         """Records one event and returns once it has committed (after everything emitted before it).
 

@@ -12,30 +12,16 @@ from typing import Any
 
 from calltape.errors import EffectNotRun, EffectUnknown
 from calltape.projections import ToolCallState
+from calltape.runtime import toolspec as _toolspec
 from calltape.runtime.effects import GuardedCall, enter_guarded, leave_guarded
 from calltape.runtime.protocol import ToolHost
 from calltape.runtime.recovery import Recovery
-from calltape.runtime.toolspec import (
-    DEFAULT_TIMEOUT,
-    Progress,
-    Reconcile,
-    ToolBody,
-    ToolOutcome,
-    ToolSpec,
-    canonical_arguments,
-)
+from calltape.runtime.toolspec import *  # noqa: F403 (re-exported, see __all__)
+from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec, canonical_arguments
 
 # The spec types are re-exported: ``from calltape.runtime.tools import ToolSpec`` keeps working.
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "Progress",
-    "Reconcile",
-    "ToolBody",
-    "ToolOutcome",
-    "ToolRunner",
-    "ToolSpec",
-    "canonical_arguments",
-]
+__all__ = ["ToolRunner"]
+__all__ += _toolspec.__all__
 
 log = logging.getLogger(__name__)
 

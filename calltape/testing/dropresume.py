@@ -23,17 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from calltape.errors import CalltapeError, Interrupted, StoreUnavailable
-from calltape.events import Event, make_event
+from calltape.events import Event, EventData, make_event
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ToolCallState
 from calltape.runtime import CallInterceptor, CallSession, Recovery, ResumePlan, ToolOutcome, ToolSpec, Verdict, resume
+from calltape.testing.script import settled_through_drops
 
-__all__ = ["DropCarrier", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
+__all__ = ["DropCarrier", "DropCarrying", "DropHook", "carries_drops", "set_drop_carrier", "started_calls"]
 
 _OUTCOMES = frozenset({"tool.progress", "tool.result", "tool.cancelled"})
 
@@ -49,6 +50,42 @@ class DropCarrier(Protocol):
     async def carry_on(self, plan: ResumePlan) -> None:
         """The call was resumed (``plan``; the call now writes at the new epoch): a new framework
         session, seeded with the plan's context, takes the call on and the caller talks to it."""
+
+
+class DropCarrying:
+    """The drop bookkeeping every framework caller (:class:`calltape.testing.pipecat.PipecatCaller`,
+    :class:`calltape.testing.livekit.LiveKitCaller`) shares: whether its agent runs, the closing of a
+    lost agent, and the gate its speech waits on until a new agent carries the call on."""
+
+    call: CallSession
+
+    def __init__(self) -> None:
+        self._running = False
+        self._lost: asyncio.Future[None] | None = None
+        self._carried = asyncio.Event()
+        self._carried.set()
+
+    def _cut_off(self, closing: Awaitable[None]) -> None:
+        """The agent is lost: it stops, the caller's speech waits, and ``closing`` closes the old agent."""
+        self._running = False
+        self._carried.clear()
+        self._lost = asyncio.ensure_future(closing)
+
+    async def _closed(self) -> None:
+        """Returns once the lost agent (if any) has closed."""
+        if self._lost is not None:
+            await self._lost
+            self._lost = None
+
+    async def _leave(self) -> None:
+        """The caller hangs up: the agent stops and a lost one finishes closing."""
+        self._running = False
+        await self._closed()
+
+    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
+        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
+        on the new agent when the call was dropped meanwhile."""
+        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)
 
 
 class _CarrierPart:
@@ -86,14 +123,14 @@ class _Severed:
         self._agent, self._epoch = call.writer_agent, call.epoch
 
     def emit(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         event = make_event(self.session_id, event_type, data, id=id, agent=self._agent, epoch=self._epoch, at_ms=at_ms)
         self.fold.apply(event)
         return event
 
     async def emit_durable(
-        self, event_type: str, data: Mapping[str, Any] | None = None, *, at_ms: int | None = None, id: str | None = None
+        self, event_type: str, data: EventData = None, *, at_ms: int | None = None, id: str | None = None
     ) -> Event:
         return self.emit(event_type, data, at_ms=at_ms, id=id)
 

@@ -48,9 +48,9 @@ with requires_extra("livekit", "the LiveKit test harness (calltape.testing.livek
 
 from calltape.adapters.livekit import LiveKitTap, attach, rehydrate
 from calltape.runtime import CallSession, ResumePlan
-from calltape.testing.dropresume import set_drop_carrier
+from calltape.testing.dropresume import DropCarrying, set_drop_carrier
 from calltape.testing.explore import set_barge_in
-from calltape.testing.script import Call, Pause, Say, Step, settled_through_drops
+from calltape.testing.script import Call, Pause, Say, Step
 
 __all__ = [
     "SAMPLE_RATE",
@@ -268,7 +268,7 @@ class _Transcript(io.TextOutput):
         """Nothing to flush."""
 
 
-class LiveKitCaller:
+class LiveKitCaller(DropCarrying):
     """Runs ``session`` with ``agent`` recorded into ``call`` and speaks to it as a caller would.
 
     ``async with LiveKitCaller(session, agent, call) as caller``: gives the session an
@@ -289,6 +289,7 @@ class LiveKitCaller:
         *,
         rebuild: Callable[[], tuple[AgentSession[Any], Agent]] | None = None,
     ) -> None:
+        super().__init__()
         self.session = session
         self.agent = agent
         self.call = call
@@ -297,10 +298,6 @@ class LiveKitCaller:
         and turn handling, and the same agent object, its chat context seeded from the resume)."""
         self.tap: LiveKitTap | None = None
         self._sync: TranscriptSynchronizer | None = None
-        self._running = False
-        self._lost: asyncio.Future[None] | None = None
-        self._carried = asyncio.Event()
-        self._carried.set()
 
     async def __aenter__(self) -> LiveKitCaller:
         await self._open()
@@ -322,9 +319,7 @@ class LiveKitCaller:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._running = False
-        if self._lost is not None:
-            await self._lost
+        await self._leave()
         await self._close(self.session, self.tap, self._sync)
 
     @staticmethod
@@ -341,20 +336,17 @@ class LiveKitCaller:
     def lose(self) -> None:
         """The agent's process is lost: the session is cut off from the call (nothing it does is
         recorded any more) and closed; the caller waits for :meth:`carry_on` before speaking again."""
-        self._running = False
-        self._carried.clear()
         tap, self.tap = self.tap, None
         if tap is not None:
             tap.detach()
-        self._lost = asyncio.ensure_future(self._close(self.session, None, self._sync))
+        self._cut_off(self._close(self.session, None, self._sync))
         self._sync = None
 
     async def carry_on(self, plan: ResumePlan) -> None:
         """The call was resumed: a new session (:attr:`rebuild`) takes it on at the new epoch, its
         agent seeded with the plan's context, and the agent speaks first, as a resumed agent does."""
         try:
-            if self._lost is not None:
-                await self._lost
+            await self._closed()
             session, agent = self.rebuild() if self.rebuild is not None else self._same_again()
             await rehydrate(agent, plan)
             self.session, self.agent = session, agent
@@ -405,8 +397,3 @@ class LiveKitCaller:
         self.session.interrupt()
         if text:
             self.session.generate_reply(user_input=text)
-
-    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
-        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
-        on the new session when the call was dropped meanwhile."""
-        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)

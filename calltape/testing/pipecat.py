@@ -66,9 +66,9 @@ with requires_extra("pipecat", "the Pipecat test harness (calltape.testing.pipec
 
 from calltape.adapters.pipecat import CalltapeObserver, seed_llm_context
 from calltape.runtime import CallSession, ResumePlan
-from calltape.testing.dropresume import set_drop_carrier
+from calltape.testing.dropresume import DropCarrying, set_drop_carrier
 from calltape.testing.explore import set_barge_in
-from calltape.testing.script import Call, Pause, Say, Step, settled_through_drops
+from calltape.testing.script import Call, Pause, Say, Step
 
 __all__ = [
     "SAMPLE_RATE",
@@ -274,7 +274,7 @@ class OfflineTransport(BaseTransport):
 # The scripted caller
 
 
-class PipecatCaller:
+class PipecatCaller(DropCarrying):
     """Runs a ``PipelineWorker`` recorded into ``call`` and speaks into it as a caller would.
 
     ``async with PipecatCaller(worker, call) as caller``: adds a
@@ -298,6 +298,7 @@ class PipecatCaller:
         stt: ScriptedSTT | None = None,
         rebuild: Callable[[LLMContext], PipelineWorker] | None = None,
     ) -> None:
+        super().__init__()
         self.worker = worker
         self.call = call
         self.stt = stt if stt is not None else _find(worker, ScriptedSTT)
@@ -305,10 +306,6 @@ class PipecatCaller:
         """After a drop, the new worker around the resumed call's context (None: drops are not carried)."""
         self._runner = WorkerRunner(handle_sigint=False)
         self._task: asyncio.Task[Any] | None = None
-        self._running = False
-        self._lost: asyncio.Future[None] | None = None
-        self._carried = asyncio.Event()
-        self._carried.set()
 
     async def __aenter__(self) -> PipecatCaller:
         await self._open()
@@ -340,9 +337,7 @@ class PipecatCaller:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._running = False
-        if self._lost is not None:
-            await self._lost
+        await self._leave()
         if kind is None:
             await self.worker.queue_frame(EndFrame())
             try:
@@ -368,21 +363,17 @@ class PipecatCaller:
     def lose(self) -> None:
         """The agent's process is lost: the pipeline is cut off from the call (nothing it does is
         recorded any more) and cancelled; the caller waits for :meth:`carry_on` before speaking again."""
-        self._running = False
-        self._carried.clear()
         for observer in _observers(self.worker):
             if isinstance(observer, CalltapeObserver):
                 observer.detach()
-        self._lost = asyncio.ensure_future(self._stop(self.worker, self._task))
+        self._cut_off(self._stop(self.worker, self._task))
 
     async def carry_on(self, plan: ResumePlan) -> None:
         """The call was resumed (``plan``): :attr:`rebuild` builds a new pipeline on the resumed call's
         settled context, which takes the call on at the new epoch and speaks first, as a resumed
         agent does."""
         try:
-            if self._lost is not None:
-                await self._lost
-                self._lost = None
+            await self._closed()
             assert self.rebuild is not None
             self.worker = self.rebuild(seed_llm_context(self.call))
             self.stt = _find(self.worker, ScriptedSTT)
@@ -415,11 +406,6 @@ class PipecatCaller:
                 await self.worker.queue_frame(InterimTranscriptionFrame(first, "caller", time_now_iso8601()))
             await self.worker.queue_frame(TranscriptionFrame(text, "caller", time_now_iso8601()))
         await self.worker.queue_frame(VADUserStoppedSpeakingFrame())
-
-    async def settled(self, *, quiet: float = 0.5, timeout: float = 30.0) -> None:
-        """Waits until the agent has answered and nothing is in flight (:func:`calltape.testing.script.settled`),
-        on the new pipeline when the call was dropped meanwhile."""
-        await settled_through_drops(self._carried, lambda: self.call, quiet=quiet, timeout=timeout)
 
 
 def _observers(worker: PipelineWorker) -> list[Any]:
