@@ -215,9 +215,9 @@ async def _heard_first(guarded: GuardedCall, name: str) -> None:
 
 
 def _unplayed(host: ToolHost, reply: str) -> bool:
-    """The reply is still generating, playing, or was cut (a reply with no text plays out as it ends)."""
+    """The reply has not played to its end uninterrupted (:attr:`ReplyState.played`)."""
     state = host.fold.reply_state(reply)
-    return state is not None and (state.interrupted or state.generating or state.awaiting_playout)
+    return state is not None and not state.played
 
 
 async def _run(
