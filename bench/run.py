@@ -38,6 +38,8 @@ HEADLINE_KEYS = (
     "read_ratio_vs_raw",
     "max_sessions_sustained",
     "sqlite_append_ratio_vs_raw",
+    "turn_checkpoint_ratio_vs_session_continuity",
+    "resume_ratio_vs_session_continuity",
 )
 
 # (key, comparison, goal, unit, what)
@@ -55,6 +57,19 @@ GOALS: dict[str, tuple[str, float, str, str]] = {
     "read_ratio_vs_raw": (">=", 0.9, "x", "store.read ÷ raw asyncpg read + orjson decode"),
     "max_sessions_sustained": (">=", 1500, "sessions", "most sessions at 20 ev/s with emit→commit lag p99 ≤ 50 ms"),
     "sqlite_append_ratio_vs_raw": (">=", 0.6, "x", "embedded recorder burst ÷ raw sqlite3 executemany, WAL"),
+    "turn_checkpoint_ratio_vs_session_continuity": (
+        ">=",
+        10.0,
+        "x",
+        "pipecat-session-continuity's per-turn checkpoint p99 ÷ calltape's per-turn durable cost p99, "
+        "SQLite, 1,000 turns (--quick: 50)",
+    ),
+    "resume_ratio_vs_session_continuity": (
+        ">=",
+        1.0,
+        "x",
+        "pipecat-session-continuity's load + restore p50 ÷ calltape's resume p50, SQLite, 1,000 turns (--quick: 50)",
+    ),
 }
 
 
@@ -85,6 +100,9 @@ class Sizes:
     sqlite_sessions: int
     sqlite_per_session: int
     sqlite_repeats: int
+    peer_turns: tuple[int, ...]
+    peer_repeats: int
+    peer_resumes: int
 
 
 QUICK = Sizes(
@@ -113,6 +131,9 @@ QUICK = Sizes(
     sqlite_sessions=100,
     sqlite_per_session=20,
     sqlite_repeats=1,
+    peer_turns=(10, 50),
+    peer_repeats=1,
+    peer_resumes=5,
 )
 
 FULL = Sizes(
@@ -141,6 +162,9 @@ FULL = Sizes(
     sqlite_sessions=200,
     sqlite_per_session=200,
     sqlite_repeats=3,
+    peer_turns=(10, 100, 1_000),
+    peer_repeats=3,
+    peer_resumes=20,
 )
 
 
@@ -193,6 +217,7 @@ class Suite:
                     ("interrupt", self.interrupt),
                     ("scale", self.scale),
                     ("sqlite", self.sqlite),
+                    ("peer", self.peer),
                 ):
                     if not self.wants(name):
                         continue
@@ -480,6 +505,25 @@ class Suite:
             "ratio_vs_raw": ratio.json(),
         }
 
+    async def peer(self, store: Any, scratch: Any, app: Any) -> None:
+        from bench import peer
+
+        if not peer.available():
+            self.notes.append(f"peer: {peer.PEER} is not installed (pip install -e '.[bench]'): its keys are null")
+            return
+        s = self.sizes
+        results = await peer.peer_benchmark(
+            sizes=s.peer_turns, repeats=s.peer_repeats, resumes=s.peer_resumes, log=self.log
+        )
+        largest = results.largest()
+        checkpoint = Spread.of([peer.ratio(r.peer_checkpoint.wall_ms, r.calltape_turn.wall_ms, 99) for r in largest])
+        restore = Spread.of([peer.ratio(r.peer_restore.wall_ms, r.calltape_resume.wall_ms, 50) for r in largest])
+        self.result["turn_checkpoint_ratio_vs_session_continuity"] = _r(checkpoint.median)
+        self.result["resume_ratio_vs_session_continuity"] = _r(restore.median)
+        self.spread["turn_checkpoint_ratio_vs_session_continuity"] = checkpoint
+        self.spread["resume_ratio_vs_session_continuity"] = restore
+        self.details["peer"] = peer.details(results)
+
     # -- output --------------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
@@ -525,7 +569,15 @@ def machine_facts() -> dict[str, Any]:
         pass
     from importlib.metadata import PackageNotFoundError, version
 
-    for package in ("asyncpg", "sqlalchemy", "psycopg", "eventsourcing", "pydantic", "orjson"):
+    for package in (
+        "asyncpg",
+        "sqlalchemy",
+        "psycopg",
+        "eventsourcing",
+        "pydantic",
+        "orjson",
+        "pipecat-session-continuity",
+    ):
         try:
             facts[package] = version(package)
         except PackageNotFoundError:  # pragma: no cover - informational only
@@ -583,6 +635,16 @@ def print_table(console: Console, out: dict[str, Any]) -> None:
             f"{r['eventsourcing_repository_get_ms']['median']}",
             highlight=False,
         )
+    if "peer" in d:
+        for point in d["peer"]["curve"]:
+            pc, ct = point["peer_checkpoint"], point["calltape_turn_durable"]
+            pr, cr = point["peer_restore"], point["calltape_resume"]
+            console.print(
+                f"{point['turns']:,} turns vs {d['peer']['peer']}, p50/p99 ms: checkpoint {pc['p50_ms']}/{pc['p99_ms']}"
+                f" · calltape turn {ct['p50_ms']}/{ct['p99_ms']} · restore {pr['p50_ms']}/{pr['p99_ms']} · "
+                f"calltape resume {cr['p50_ms']}/{cr['p99_ms']} (CPU p50 {pr['cpu_p50_ms']} vs {cr['cpu_p50_ms']})",
+                highlight=False,
+            )
     for note in out["notes"]:
         console.print(f"[yellow]note[/yellow]: {note}", highlight=False)
 
@@ -602,7 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset: append,latency,read,resume,interrupt,scale,sqlite (every key is still written)",
+        help="comma-separated subset: append,latency,read,resume,interrupt,scale,sqlite,peer "
+        "(every key is still written)",
     )
     args = parser.parse_args(argv)
     console = Console(stderr=True)

@@ -32,6 +32,8 @@ HEADLINE_KEYS = {
     "max_sessions_sustained",
     "sqlite_append_ratio_vs_raw",
     "resume_growth_200k_vs_10k",
+    "turn_checkpoint_ratio_vs_session_continuity",
+    "resume_ratio_vs_session_continuity",
 }
 
 
@@ -52,6 +54,7 @@ def _bench(module: str, *args: str, timeout: float) -> subprocess.CompletedProce
 
 def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path: Path) -> None:
     pytest.importorskip("eventsourcing", reason="the bench extra is not installed (pip install -e '.[bench]')")
+    pytest.importorskip("pipecat_session_continuity", reason="the bench extra is not installed")
     out = tmp_path / "bench.json"
     _bench("bench", "--quick", "--db", pg_admin_url, "--json", str(out), timeout=600)
     figures = json.loads(out.read_text())
@@ -65,6 +68,9 @@ def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path
     assert figures["notes"] == [], figures["notes"]  # no benchmark failed
     assert [p["sessions"] for p in figures["details"]["scale"]["points"]][:1] == [200]
     assert figures["details"]["sqlite_append"]["raw_sqlite3_events_per_s"]["median"] > 0
+    curve = figures["details"]["peer"]["curve"]
+    assert [p["turns"] for p in curve] == [10, 50]
+    assert all(p["peer_checkpoint"]["n"] == p["turns"] == p["calltape_turn_durable"]["n"] for p in curve)
 
 
 def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: str) -> None:
