@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -261,6 +261,38 @@ async def resume(
         await asyncio.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))
 
 
+class _KeptReads:
+    """The store as :func:`build_context` sees it, keeping the last events it read: the plan's tail
+    (after the checkpoint) is the end of them, and reading it again cost each resume two more
+    round trips (on SQLite two more transactions, a third of a short call's resume)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self._after: int | None = None
+        self._events: list[Event] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """The store's read, kept when it is whole (no ``limit``)."""
+        events = await self._store.read(session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+        if limit is None:
+            self._after, self._events = after_seq, events
+        return events
+
+    def tail(self, fold: ContextFold, checkpoint: int) -> list[Event] | None:
+        """The events after ``checkpoint`` up to the fold's last one, if the fold was built from them
+        (None: they were not all read, read them)."""
+        if checkpoint == fold.seq:
+            return []
+        if self._after is None or self._after > checkpoint or not self._events or self._events[-1].seq != fold.seq:
+            return None
+        return [e for e in self._events if (e.seq or 0) > checkpoint]
+
+
 class _LostToResume(Exception):
     """Re-planning found a higher epoch: another resume won the race."""
 
@@ -287,9 +319,12 @@ async def _resume_once(
 ) -> ResumePlan:
     started = time.perf_counter()
     tools = tools or {}
-    fold = await build_context(store, session)
+    reads = _KeptReads(store)
+    fold = await build_context(cast(EventStore, reads), session)
     checkpoint = fold.last_clean_seq
     base_seq = fold.seq
+    # taken before any settling event is folded (those move fold.seq)
+    kept = reads.tail(fold, checkpoint)
     # The fold tracks the epoch exactly as the store does (session.started opens 1, each
     # session.resumed raises it); a stale read loses to expected_seq below anyway.
     epoch = max(fold.epoch, 1)
@@ -302,7 +337,7 @@ async def _resume_once(
     for event_type, data in cut_replies(fold):
         settler.add(event_type, data)
 
-    tail = await store.read(session, after_seq=checkpoint)
+    tail = kept if kept is not None else await store.read(session, after_seq=checkpoint, to_seq=base_seq)
     settled_effects = await _settle_effects(tail, effects or {}, settler)
     tail_calls = list(dict.fromkeys(e.data["call"] for e in tail if e.type in _TOOL_EVENTS))
     decisions: list[ToolDecision] = []

@@ -28,8 +28,9 @@ from runtime_support import (
 )
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, SessionNotFound
+from calltape.events import Event
 from calltape.eventstore import EventStore, open_store
-from calltape.projections import ToolCallState, build_context
+from calltape.projections import ToolCallState, build_context, snapshot_now
 from calltape.runtime import ResumePlan, ToolSpec, resume
 
 
@@ -373,6 +374,37 @@ async def test_reconcile_turns_unknown_into_a_result(
 
 
 # -- dry run, live sessions, races -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["no_snapshot", "snapshot"])
+@pytest.mark.parametrize("where", ["mid_tool_unknown", "after_late_result", "mid_playout"])
+async def test_a_resume_reads_the_call_once(
+    store: EventStore, store_url: str, session_id: str, where: str, snapshot: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan's tail (after the checkpoint) is the end of what the fold was built from: it is not read again.
+    async with live_call(store, session_id) as zombie:
+        point = await POINTS[where](zombie, store)
+        await zombie.recorder.flush()
+        if snapshot:  # the fold then starts at the snapshot, at or before the checkpoint
+            assert 0 < await snapshot_now(store, session_id) <= point.checkpoint
+        reads: list[tuple[int, int | None]] = []
+        read = store.read
+
+        async def counted(session: str, **kw: Any) -> list[Event]:
+            reads.append((kw.get("after_seq", 0), kw.get("to_seq")))
+            return await read(session, **kw)
+
+        monkeypatch.setattr(store, "read", counted)
+        plan = await resume(store, session_id, "backup", tools=point.tools)
+        monkeypatch.undo()
+
+        assert len(reads) == 1 and reads[0][0] <= point.checkpoint, reads
+        assert plan.checkpoint_seq == point.checkpoint
+        await assert_resumed(store, store_url, session_id, plan, old_epoch=1, zombie=zombie)
+        assert plan.fold is not None
+        point.check(plan, plan.fold.native())
+        if point.task is not None and not point.task.done():
+            await stop(point.task)
 
 
 async def test_dry_run_appends_nothing(store: EventStore, store_url: str, session_id: str) -> None:
