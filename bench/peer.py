@@ -123,7 +123,7 @@ class PeerSide:
 
         self.continuity = SessionContinuity(storage_backend=SQLiteStorage(str(path)))
         self.context = LLMContext([{"role": "system", "content": instructions}])
-        self._new_context = LLMContext
+        self.new_context = LLMContext
         self.samples = Samples()
 
     async def turn(self, turn: Turn) -> None:
@@ -132,11 +132,11 @@ class PeerSide:
         await self.continuity.checkpoint(self.context, SESSION, {})
         t.stop(self.samples)
 
-    async def restore(self) -> int:
-        """``load_context`` and the messages set on a new context (``resume_or_start`` before its frame)."""
+    async def restore(self, context: Any) -> int:
+        """``load_context`` and the messages set on the new process's context (``resume_or_start``
+        before its frame; the context is made before, as the peer's README shows)."""
         restored = await self.continuity.manager.load_context(SESSION)
         assert restored is not None
-        context = self._new_context()
         context.set_messages(restored["messages"])
         return len(context.get_messages())
 
@@ -273,8 +273,9 @@ async def one_size(turns: int, *, resumes: int, seed: int = 5) -> SizeRun:
             run.first_dry_run_ms = (time.perf_counter() - t0) * 1000
 
             async def peer_restore() -> None:
+                context = peer.new_context()
                 t = _Timer()
-                await peer.restore()
+                await peer.restore(context)
                 t.stop(run.peer_restore)
 
             async def peer_load() -> None:
