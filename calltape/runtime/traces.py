@@ -407,6 +407,10 @@ class CallTracer:
         return self._tool_span(call, cid, event, retry=True)
 
 
+_MAY_END_A_REPLY: Final = frozenset({"agent.reply.done", "agent.speech.ended"})
+"""The reply events after which a reply may no longer be active (text and playout starts never end one)."""
+
+
 def _heard(state: ReplyState) -> str | None:
     """What was heard of a reply, once anything says (a report, the playout's end, the cut): the fold's
     text of the reply (SPEC section 2 rule 3); None before."""
@@ -468,7 +472,8 @@ def _on_reply_event(tracer: CallTracer, call: _Call, event: Event, applied: Appl
             tracer._finish(speech, event.at_ms)
     if applied.cut is not None:
         tracer._interrupt(call, reply, event)
-    tracer._maybe_end_reply(call, rid, event.at_ms)
+    if kind in _MAY_END_A_REPLY:
+        tracer._maybe_end_reply(call, rid, event.at_ms)
 
 
 def _on_interruption(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
