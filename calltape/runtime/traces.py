@@ -373,6 +373,8 @@ class CallTracer:
         if state is not None and state.reported_heard is not None:
             attributes["calltape.reply.heard_chars"] = len(state.reported_heard)
         reply.node.span.add_event("interruption", attributes, timestamp=event.at_ms * _MS)
+        if reply.node.done:  # ended already (its playout never came), its children still open
+            self._reply_attributes(call, reply)
         if call.turn is not None and not call.turn.closed:
             call.turn.span.set_attribute("calltape.turn.barge_in", True)
 

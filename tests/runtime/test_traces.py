@@ -310,3 +310,30 @@ def test_spans_follow_the_calls_read_model(exported: tuple[TracerProvider, InMem
     assert r2.attributes["calltape.reply.text_chars"] == 3 and r2.attributes["calltape.reply.heard_chars"] == 3
     assert named(spans, "agent.speech")[1].attributes["calltape.speech.interrupted"] is True
     assert not any("calltape.unfinished" in s.attributes for s in spans)
+
+
+def test_a_reply_the_playout_never_took_is_over_at_the_next_but_can_still_be_cut(
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A voice reply generated but never played ends its span when the next generation begins (the
+    tracer's own call: the fold still waits for its playout); an interruption aimed at it afterwards
+    still cuts it in the fold, and its span says so."""
+    provider, exporter = exported
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("session.started", {"agent": "booker"}),
+        ("agent.reply.started", {"reply": "r1"}),
+        ("agent.text", {"reply": "r1", "text": "One moment."}),
+        ("tool.call", {"reply": "r1", "call": "c1", "name": "lookup", "arguments": {}}),
+        ("agent.reply.done", {"reply": "r1"}),
+        ("agent.reply.started", {"reply": "r2"}),
+        ("interruption", {"reply": "r1", "cause": "user_speech"}),
+        ("tool.result", {"call": "c1", "output": {}}),
+        ("agent.reply.done", {"reply": "r2"}),
+        ("session.ended", {"reason": "hangup"}),
+    ]
+    events = [Event(k, d, "call-p", id=f"p{n}", at_ms=1000 + 100 * n, seq=n + 1) for n, (k, d) in enumerate(rows)]
+    trace_events(events, provider)
+    r1, r2 = named(exporter.get_finished_spans(), "chat")
+    assert r1.attributes["calltape.reply.interrupted"] is True and [e.name for e in r1.events] == ["interruption"]
+    assert r1.end_time == 1700 * 10**6  # its tool answered at 1.7 s
+    assert r2.attributes["calltape.reply.interrupted"] is False
