@@ -13,13 +13,6 @@ PACKAGE = Path(calltape.__file__).parent
 
 _WEAK = {"WeakKeyDictionary", "WeakValueDictionary", "WeakSet"}
 
-KNOWN: dict[str, str] = {
-    "calltape/adapters/openai_agents.py": (
-        "_CALL_TAPS: guarded tools find their tap by call id (a ToolContext has no session)"
-    ),
-}
-"""Registries still to go, each with why it is still there."""
-
 
 def _registries(path: Path) -> list[str]:
     """Module-level names bound to a weak mapping or to a mutable dict keyed by other objects (``id``)."""
@@ -41,11 +34,10 @@ def _registries(path: Path) -> list[str]:
 def test_no_module_global_registry_attaches_state_to_other_objects() -> None:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).as_posix()
         names = _registries(path)
-        if names and rel not in KNOWN:
-            found[rel] = names
-    assert found == {}
+        if names:
+            found[path.relative_to(PACKAGE.parent).as_posix()] = names
+    assert found == {}  # none left: not even one allowed with a reason
 
 
 def test_the_scan_sees_a_registry(tmp_path: Path) -> None:

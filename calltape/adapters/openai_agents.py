@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -97,8 +98,12 @@ FRAMEWORK = "openai-agents"
 
 _TAP_ATTR = "_calltape_tap"
 """Set on the ``RealtimeSession`` a tap records, so restore/renew find it: the session carries its tap."""
-# Tool call id -> the tap that saw the model make it: a guarded tool finds its call from its ToolContext.
-_CALL_TAPS: weakref.WeakValueDictionary[str, OpenAIAgentsTap] = weakref.WeakValueDictionary()
+_HANDLING: contextvars.ContextVar[OpenAIAgentsTap | None] = contextvars.ContextVar("calltape_openai_tap", default=None)
+"""The tap of the session now handling a model event (or an approval): a guarded tool finds its call
+through it, since a ``ToolContext`` names no session. The SDK starts a tool's task (or awaits its body)
+while the session handles the tool call event, so the task inherits the value; the tap sets it just
+before the session's own listener and clears it just after (:class:`_AfterSession`). A value, not a
+registry: it lives in the contexts of one run's tasks and goes with them."""
 
 
 def tap_of(session: RealtimeSession) -> OpenAIAgentsTap | None:
@@ -111,6 +116,15 @@ def _agent_of(session: RealtimeSession) -> RealtimeAgent[Any]:
     # The session keeps its current agent private; the runner's starting agent is the same object.
     agent: RealtimeAgent[Any] = session._current_agent
     return agent
+
+
+class _AfterSession(RealtimeModelListener):  # type: ignore[misc,unused-ignore]  # Any without the SDK
+    """The model listener after the session's own: the session is done handling the event, so no tool
+    it starts later (from another event of another session in the same task) sees this tap."""
+
+    async def on_event(self, event: RealtimeModelEvent) -> None:
+        """Clears the tap handling the event (see ``_HANDLING``)."""
+        _HANDLING.set(None)
 
 
 class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore]  # Any without the SDK
@@ -147,6 +161,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self._tasks: set[asyncio.Task[None]] = set()
         self._playouts: set[asyncio.Task[None]] = set()  # replies whose audio is still playing (no player)
         self._playing: dict[str, tuple[RealtimeTap, str, float]] = {}  # last audio item -> its reply, length
+        self._after = _AfterSession()
         if playback is not None:
             self._watch_player(playback)
         self.ended: str | None = None
@@ -166,10 +181,34 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         model.remove_listener(session)  # re-added after the tap: the tap hears each event first
         model.add_listener(self)
         model.add_listener(session)
+        model.add_listener(self._after)
         self.session = session
         setattr(session, _TAP_ATTR, self)
         self._watch_session_events(session)
         self._watch_close(session)
+        self._watch_approvals(session)
+
+    def unbind(self, session: RealtimeSession) -> None:
+        """Stops listening to ``session``'s model (a renewal moves the tap to a new session)."""
+        session.model.remove_listener(self)
+        session.model.remove_listener(self._after)
+
+    def _watch_approvals(self, session: RealtimeSession) -> None:
+        # An approved call's tool starts from the approving task, not from the model's listener: the
+        # approval runs with this tap as the one handling, so a guarded tool finds it there too.
+        approve = getattr(session, "approve_tool_call", None)
+        if approve is None:
+            return
+        tap = weakref.ref(self)
+
+        async def approve_tool_call(call_id: str, *args: Any, **kwargs: Any) -> None:
+            token = _HANDLING.set(tap())
+            try:
+                await approve(call_id, *args, **kwargs)
+            finally:
+                _HANDLING.reset(token)
+
+        session.approve_tool_call = approve_tool_call  # type: ignore[method-assign,unused-ignore]
 
     def _watch_close(self, session: RealtimeSession) -> None:
         close = session.close
@@ -231,7 +270,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             return
         if isinstance(event, me.RealtimeModelToolCallEvent):
             self._calls[event.call_id] = event
-            _CALL_TAPS[event.call_id] = self
+            _HANDLING.set(self)  # for the tool the session starts next (cleared by _AfterSession)
         elif isinstance(event, me.RealtimeModelEndOfStreamEvent):
             self._end("end_of_stream")
         elif isinstance(event, me.RealtimeModelConnectionStatusEvent) and event.status == "disconnected":
@@ -461,7 +500,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         old = self.session
         if old is not None:
             await old.close()
-            old.model.remove_listener(self)
+            self.unbind(old)
         self.realtime.flush()
         for event_type, data in cut_replies(live.fold):
             live.emit(event_type, data)
@@ -634,8 +673,8 @@ def guard(tool: FunctionTool, *, spec: ToolSpec | None = None) -> FunctionTool:
         return tool
 
     async def guarded(ctx: ToolContext[Any], arguments: str) -> Any:
-        tap = _CALL_TAPS.get(ctx.tool_call_id)
-        if tap is None or tap.live is None:
+        tap = _HANDLING.get()
+        if tap is None or tap.live is None or ctx.tool_call_id not in tap._calls:
             return await invoke(ctx, arguments)
         return await tap.run_guarded(ctx.tool_call_id, ctx.tool_name, arguments, lambda: invoke(ctx, arguments), spec)
 

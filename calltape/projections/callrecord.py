@@ -1,7 +1,8 @@
 """The read model of one recorded call: its replies, tool calls, barge-ins and effects, in one pass.
 
 Every reader of a finished (or running) call -- ``calltape check``'s rules, ``calltape show``'s
-timeline, the timeline picture -- used to walk the events type by type on its own and decide again
+timeline, the timeline picture, the OpenTelemetry spans (:mod:`calltape.runtime.traces`, fed one
+committed event at a time) -- used to walk the events type by type on its own and decide again
 which reply an interruption cut, when a talk-over ends, which result came late. They now read a
 :class:`CallRecord`: one pass that drives the :class:`~calltape.projections.ContextFold` (the only
 authority on SPEC section 2: what a reply is, whether it is active, what was heard, a call's outcome)

@@ -26,20 +26,31 @@ Langfuse display) are added, after the redaction rules given (``redactor``) have
 
 Two ways in: :func:`trace_recorder` follows a live process's recorder (the spans of each call as its
 events commit), and :func:`trace_events` re-emits a stored call (``calltape export --otlp``).
+
+What a span says is read from the call's read model, :class:`~calltape.projections.callrecord.CallRecord`
+(the fold and the effect log underneath), folded one event at a time as the events come: which reply an
+event belongs to and which reply a tool call joins (the fold's choice), whether an interruption cut its
+reply, when a reply is over (no longer active: SPEC section 2), its text and what was heard of it, a
+tool call's outcome (SPEC section 2 rule 5) and an effect's phase. The tracer adds only what is its own:
+the turns, the span tree, and when a span ends in time (a parent waits for its children; a drop ends
+when the call is heard from again, since a live process may not see a resume another writer made).
 """
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from calltape.events import Event
 from calltape.extras import requires_extra
+from calltape.projections.callrecord import Applied, CallRecord
+from calltape.projections.effects import PHASES
+from calltape.projections.records import ReplyState
 
 if TYPE_CHECKING:
     from calltape.eventstore.recorder import Recorder
@@ -70,42 +81,33 @@ class _Node:
     closed: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Reply:
+    """The spans of one reply (its state is the fold's)."""
+
+    rid: str
     node: _Node
-    text_chars: int = 0
-    text: list[str] = field(default_factory=list)
-    heard: str | None = None
-    generated: bool = False
-    interrupted: bool = False
-    cause: str | None = None
     speech: _Node | None = None
-    spoken: bool = False
+    cause: str | None = None
 
 
-@dataclass
-class _Tool:
-    node: _Node
-    name: str
-    reply: _Reply | None
-
-
-@dataclass
+@dataclass(eq=False)
 class _Call:
-    """One session's spans in the making."""
+    """One session's spans in the making, beside its read model."""
 
+    record: CallRecord
     root: _Node
     session: str
-    agent: str | None
-    voice: bool = True
     nodes: list[_Node] = field(default_factory=list)
     turn: _Node | None = None
     turn_answered: bool = False
     turn_words: list[str] = field(default_factory=list)
     turns: int = 0
     replies: dict[str, _Reply] = field(default_factory=dict)
-    latest: _Reply | None = None
-    tools: dict[str, _Tool] = field(default_factory=dict)
+    open_replies: dict[str, _Reply] = field(default_factory=dict)
+    """The reply spans not yet done (a new generation ends those the playout never picked up)."""
+    tools: dict[str, _Node] = field(default_factory=dict)
+    """Call id -> its latest span (a call run again after it settled gets a new one)."""
     effects: dict[tuple[str, str], _Node] = field(default_factory=dict)
     drop: _Node | None = None
     last_seq: int = 0
@@ -117,7 +119,8 @@ class CallTracer:
 
     ``tracer_provider`` defaults to the global one (configure it with your OTLP exporter); ``content``
     opts in to what was said (see the module's docstring); ``redactor`` runs over that content first.
-    Events already seen (a seq not past the call's last) are ignored, so a redelivered batch adds no span.
+    Events already seen (a seq not past the call's last, or an id the call's fold has) are ignored, so a
+    redelivered batch adds no span.
     """
 
     def __init__(
@@ -197,7 +200,7 @@ class CallTracer:
             self.observe(event)
 
     def observe(self, event: Event) -> None:
-        """Observes one event of a call."""
+        """Observes one event of a call: folds it into the call's read model, then moves the spans."""
         kind = event.type
         if kind.startswith("x."):
             return
@@ -208,6 +211,9 @@ class CallTracer:
             call = self._open(event)
         else:
             self._calls.move_to_end(event.session)
+        applied = call.record.apply(event)
+        if not applied.new:
+            return  # an id the call has: it never happened twice
         if event.seq is not None:
             call.last_seq = event.seq
         call.last_at = max(call.last_at, event.at_ms)
@@ -215,7 +221,7 @@ class CallTracer:
             self._finish(call.drop, event.at_ms)  # heard from again: a resume this process did not see
         handler = _HANDLERS.get(kind)
         if handler is not None:
-            handler(self, call, event)
+            handler(self, call, event, applied)
         if call.turn is not None and not call.turn.done:
             call.turn.end_ms = max(call.turn.end_ms, event.at_ms)
 
@@ -235,7 +241,7 @@ class CallTracer:
             calltape__modality=_word(data.get("modality")) or ("voice" if data else None),
             calltape__call__partial=None if event.type == "session.started" else True,
         )
-        call = _Call(root, event.session, agent, voice=data.get("modality", "voice") == "voice")
+        call = _Call(CallRecord(event.session), root, event.session)
         call.nodes.append(root)
         self._calls[event.session] = call
         if len(self._calls) > self._max_calls:
@@ -252,9 +258,9 @@ class CallTracer:
 
     def _settle(self, call: _Call, at: int, *, unfinished: bool = False) -> None:
         """Ends every span of the call, children first (they were opened after their parents)."""
-        for reply in call.replies.values():
-            if not reply.node.done:
-                self._reply_attributes(reply)
+        for reply in call.open_replies.values():
+            self._reply_attributes(call, reply)
+        call.open_replies.clear()
         for node in reversed(call.nodes):
             if node.closed:
                 continue
@@ -264,7 +270,7 @@ class CallTracer:
                 end = at
             self._finish(node, max(at, end) if node is call.root else end)
 
-    # -- turns and replies ------------------------------------------------------------------
+    # -- turns ------------------------------------------------------------------------------
 
     def _turn(self, call: _Call, event: Event, initiator: str) -> _Node:
         self._end_turn(call)
@@ -292,284 +298,275 @@ class CallTracer:
             turn.span.set_attribute("input.value", words)
         self._finish(turn, turn.end_ms)  # it ends once its replies have
 
-    def _user(self, call: _Call, event: Event) -> None:
-        # The user speaking (or typing) after the agent answered opens the next turn; a transcript
-        # belongs to the turn whose speech it transcribes, even when it lands after the answer began.
-        opens = event.type != "user.transcript" and call.turn_answered
-        if call.turn is None or call.turn.done or opens:
-            self._turn(call, event, "user")
-        assert call.turn is not None
-        if event.type == "user.speech.started":
-            call.turn.span.add_event("user.speech.started", timestamp=event.at_ms * _MS)
-        elif event.type in ("user.text", "user.transcript"):
-            final = event.type == "user.text" or event.data.get("final") is True
-            text = event.data.get("text")
-            if final and isinstance(text, str):
-                call.turn_words.append(text)
+    # -- replies ----------------------------------------------------------------------------
 
-    def _reply(self, call: _Call, rid: str | None, event: Event) -> _Reply:
-        if rid is not None and rid in call.replies:
-            return call.replies[rid]
-        if rid is None and call.latest is not None and not call.latest.node.done:
-            return call.latest
+    def _reply(self, call: _Call, rid: str, event: Event) -> _Reply:
+        """The spans of a reply the fold knows (opened, with its turn, at its first event)."""
+        reply = call.replies.get(rid)
+        if reply is not None:
+            return reply
         if call.turn is None or call.turn.done:
             self._turn(call, event, "agent")
         assert call.turn is not None
         call.turn_answered = True
+        span = call.record.replies.get(rid)
         node = self._start(
             call,
             call.turn,
             "chat",
             event,
             gen_ai__operation__name="chat",
-            gen_ai__agent__name=event.agent or call.agent,
-            calltape__reply__id=rid,
+            gen_ai__agent__name=event.agent or call.record.fold.agent,
+            calltape__reply__id=None if span is not None and span.anonymous else rid,
             openinference__span__kind="LLM",
         )
-        reply = _Reply(node)
-        call.replies[rid if rid is not None else f"#{event.seq or id(node)}"] = reply
-        call.latest = reply
+        reply = call.replies[rid] = call.open_replies[rid] = _Reply(rid, node)
         return reply
 
-    def _reply_attributes(self, reply: _Reply) -> None:
+    def _reply_attributes(self, call: _Call, reply: _Reply) -> None:
+        """The reply as the fold has it: its text (late tokens aside), interrupted, what was heard."""
+        state = call.record.reply_state(reply.rid)
+        if state is None:
+            return
         span = reply.node.span
-        span.set_attribute("calltape.reply.text_chars", reply.text_chars)
-        span.set_attribute("calltape.reply.interrupted", reply.interrupted)
+        span.set_attribute("calltape.reply.text_chars", len(state.generated))
+        span.set_attribute("calltape.reply.interrupted", state.interrupted)
         if reply.cause is not None:
             span.set_attribute("calltape.interruption.cause", reply.cause)
-        heard = reply.heard if reply.heard is not None else ("".join(reply.text) if reply.spoken else None)
-        if heard is not None or reply.interrupted:
-            span.set_attribute("calltape.reply.heard_chars", len(heard or ""))
+        heard = _heard(state)
+        if heard is not None:
+            span.set_attribute("calltape.reply.heard_chars", len(heard))
         if self.content:
-            if reply.text:
-                said = self._text("".join(reply.text))
+            if state.generated:
+                said = self._text(state.generated)
                 span.set_attribute("calltape.reply.text", said)
                 span.set_attribute("output.value", said)
             if heard is not None:
                 span.set_attribute("calltape.reply.heard", self._text(heard))
 
-    def _end_reply(self, reply: _Reply, at: int) -> None:
+    def _end_reply(self, call: _Call, reply: _Reply, at: int) -> None:
         if reply.node.done:
             return
-        self._reply_attributes(reply)
+        self._reply_attributes(call, reply)
+        call.open_replies.pop(reply.rid, None)
         self._finish(reply.node, at)
 
-    def _maybe_end_reply(self, call: _Call, reply: _Reply, at: int) -> None:
-        """A reply is over once it is generated (or cut) and its playout, if any is due, has ended."""
-        if reply.speech is not None and not reply.speech.done:
+    def _maybe_end_reply(self, call: _Call, rid: str | None, at: int) -> None:
+        """A reply is over once the fold says it is no longer active (SPEC section 2: generated, played
+        out, its calls settled; or cut) and its playout span, if any, has ended."""
+        reply = call.open_replies.get(rid) if rid is not None else None
+        if reply is None or (reply.speech is not None and not reply.speech.done):
             return
-        if reply.interrupted or (reply.generated and (reply.spoken or not call.voice or not reply.text_chars)):
-            self._end_reply(reply, at)
+        if not call.record.active(reply.rid):
+            self._end_reply(call, reply, at)
 
     def _interrupt(self, call: _Call, reply: _Reply, event: Event) -> None:
-        if reply.node.done:
-            return
-        heard = event.data.get("heard")
-        if isinstance(heard, str):
-            reply.heard = heard
-        if reply.interrupted:
-            return  # the playout's end of an interruption already recorded
-        reply.interrupted = True
+        """The fold says this event cut the reply: an ``interruption`` span event at its time."""
         cause = _word(event.data.get("cause")) or ("playout" if event.type == "agent.speech.ended" else None)
         reply.cause = cause
+        if reply.node.closed:
+            return
         attributes: dict[str, Any] = {"calltape.seq": event.seq or 0}
         if cause is not None:
             attributes["calltape.interruption.cause"] = cause
-        if isinstance(heard, str):
-            attributes["calltape.reply.heard_chars"] = len(heard)
+        state = call.record.reply_state(reply.rid)
+        if state is not None and state.reported_heard is not None:
+            attributes["calltape.reply.heard_chars"] = len(state.reported_heard)
         reply.node.span.add_event("interruption", attributes, timestamp=event.at_ms * _MS)
+        if reply.node.done:  # ended already (its playout never came), its children still open
+            self._reply_attributes(call, reply)
         if call.turn is not None and not call.turn.closed:
             call.turn.span.set_attribute("calltape.turn.barge_in", True)
 
+    # -- tools ------------------------------------------------------------------------------
 
-def _on_started(tracer: CallTracer, call: _Call, event: Event) -> None:
-    pass  # the root span opened with the call
+    def _tool_span(self, call: _Call, cid: str, event: Event, *, retry: bool = False) -> _Node | None:
+        """The call's span: opened under the reply the fold joined it to; a call already settled
+        (cancelled at a drop, then run again after the resume) gets a new span beside the first."""
+        span = call.record.calls.get(cid)
+        if span is None:
+            return None
+        parent = self._reply(call, span.reply, event).node if span.reply is not None else call.root
+        node = self._start(
+            call,
+            parent,
+            f"execute_tool {span.name}",
+            event,
+            gen_ai__operation__name="execute_tool",
+            gen_ai__tool__name=span.name,
+            gen_ai__tool__call__id=cid,
+            gen_ai__tool__type="function",
+            openinference__span__kind="TOOL",
+            calltape__tool__retry=True if retry else None,
+        )
+        call.tools[cid] = node
+        return node
+
+    def _running_tool(self, call: _Call, cid: str, event: Event) -> _Node | None:
+        node = call.tools.get(cid)
+        if node is None or not node.done:
+            return node
+        return self._tool_span(call, cid, event, retry=True)
 
 
-def _on_user(tracer: CallTracer, call: _Call, event: Event) -> None:
-    tracer._user(call, event)
+_MAY_END_A_REPLY: Final = frozenset({"agent.reply.done", "agent.speech.ended"})
+"""The reply events after which a reply may no longer be active (text and playout starts never end one)."""
 
 
-def _on_user_stopped(tracer: CallTracer, call: _Call, event: Event) -> None:
+def _heard(state: ReplyState) -> str | None:
+    """What was heard of a reply, once anything says (a report, the playout's end, the cut): the fold's
+    text of the reply (SPEC section 2 rule 3); None before."""
+    if state.reported_heard is not None or state.speech_ended or state.interrupted:
+        return state.heard
+    return None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _on_user(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    # The user speaking (or typing) after the agent answered opens the next turn; a transcript
+    # belongs to the turn whose speech it transcribes, even when it lands after the answer began.
+    opens = event.type != "user.transcript" and call.turn_answered
+    if call.turn is None or call.turn.done or opens:
+        tracer._turn(call, event, "user")
+    assert call.turn is not None
+    if event.type == "user.speech.started":
+        call.turn.span.add_event("user.speech.started", timestamp=event.at_ms * _MS)
+    elif tracer.content and call.record.last_user_seq == call.record.last_seq:  # a user turn (the record's)
+        text = event.data.get("text")
+        if isinstance(text, str):
+            call.turn_words.append(text)
+
+
+def _on_user_stopped(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
     if call.turn is not None and not call.turn.closed:
         call.turn.span.add_event("user.speech.stopped", timestamp=event.at_ms * _MS)
 
 
-def _rid(event: Event) -> str | None:
-    rid = event.data.get("reply")
-    return rid if isinstance(rid, str) else None
-
-
-def _on_reply_started(tracer: CallTracer, call: _Call, event: Event) -> None:
-    for other in list(call.replies.values()):  # a new generation: an earlier one not playing is over
-        if not other.node.done and other.speech is None and other.generated:
-            tracer._end_reply(other, other.node.end_ms)
-    tracer._reply(call, _rid(event), event)
-
-
-def _on_text(tracer: CallTracer, call: _Call, event: Event) -> None:
-    reply = tracer._reply(call, _rid(event), event)
-    text = event.data.get("text")
-    if isinstance(text, str) and not reply.node.done:
-        reply.text_chars += len(text)
-        reply.text.append(text)
-        reply.node.end_ms = max(reply.node.end_ms, event.at_ms)
-
-
-def _on_reply_done(tracer: CallTracer, call: _Call, event: Event) -> None:
-    reply = tracer._reply(call, _rid(event), event)
-    reply.generated = True
-    reply.node.end_ms = max(reply.node.end_ms, event.at_ms)
-    tracer._maybe_end_reply(call, reply, event.at_ms)
-
-
-def _on_speech_started(tracer: CallTracer, call: _Call, event: Event) -> None:
-    reply = tracer._reply(call, _rid(event), event)
-    if reply.speech is None and not reply.node.done:
-        reply.speech = tracer._start(call, reply.node, "agent.speech", event)
-
-
-def _on_progress(tracer: CallTracer, call: _Call, event: Event) -> None:
-    reply = tracer._reply(call, _rid(event), event)
-    heard = event.data.get("heard")
-    if isinstance(heard, str):
-        reply.heard = heard
-
-
-def _on_speech_ended(tracer: CallTracer, call: _Call, event: Event) -> None:
-    reply = tracer._reply(call, _rid(event), event)
-    heard = event.data.get("heard")
-    if isinstance(heard, str):
-        reply.heard = heard
-    if event.data.get("interrupted") is True:
-        tracer._interrupt(call, reply, event)
-    reply.spoken = True
-    speech = reply.speech
-    if speech is not None and not speech.done:
-        interrupted = event.data.get("interrupted") is True
-        speech.span.set_attribute("calltape.speech.interrupted", interrupted)
-        if reply.heard is not None:
-            speech.span.set_attribute("calltape.speech.heard_chars", len(reply.heard))
-        tracer._finish(speech, event.at_ms)
-    tracer._maybe_end_reply(call, reply, event.at_ms)
-
-
-def _on_interruption(tracer: CallTracer, call: _Call, event: Event) -> None:
-    rid = _rid(event)
-    reply = call.replies.get(rid) if rid is not None else call.latest
-    if reply is not None:
-        tracer._interrupt(call, reply, event)
-        tracer._maybe_end_reply(call, reply, event.at_ms)
-
-
-def _on_tool_call(tracer: CallTracer, call: _Call, event: Event) -> None:
-    cid, name = event.data.get("call"), event.data.get("name")
-    if not isinstance(cid, str) or cid in call.tools:
+def _on_reply_event(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    """Every ``agent.*`` event of a reply: the record names the reply (None: the fold ignored it)."""
+    rid = applied.target
+    if rid is None or rid not in call.record.replies:
         return
-    reply = tracer._reply(call, _rid(event), event)
-    tool_name = name if isinstance(name, str) else "?"
-    node = tracer._start(
-        call,
-        reply.node,
-        f"execute_tool {tool_name}",
-        event,
-        gen_ai__operation__name="execute_tool",
-        gen_ai__tool__name=tool_name,
-        gen_ai__tool__call__id=cid,
-        gen_ai__tool__type="function",
-        openinference__span__kind="TOOL",
-    )
-    if tracer.content:
-        arguments = tracer._text(event.data.get("arguments", {}))
+    kind = event.type
+    if kind == "agent.reply.started":
+        for other in list(call.open_replies.values()):  # a new generation: one the playout never took is over
+            state = call.record.reply_state(other.rid) if other.speech is None and other.rid != rid else None
+            if state is not None and state.done and not state.speech_started:
+                tracer._end_reply(call, other, call.record.replies[other.rid].end_at_ms or other.node.end_ms)
+    reply = tracer._reply(call, rid, event)
+    node = reply.node
+    if not node.done:
+        node.end_ms = max(node.end_ms, event.at_ms)
+    if kind in ("agent.speech.started", "agent.speech.progress"):
+        if reply.speech is None and not node.done:
+            reply.speech = tracer._start(call, node, "agent.speech", event)
+    elif kind == "agent.speech.ended":
+        speech = reply.speech
+        if speech is not None and not speech.done:
+            state = call.record.reply_state(rid)
+            if state is not None:
+                speech.span.set_attribute("calltape.speech.interrupted", state.interrupted)
+                if state.reported_heard is not None:
+                    speech.span.set_attribute("calltape.speech.heard_chars", len(state.reported_heard))
+            tracer._finish(speech, event.at_ms)
+    if applied.cut is not None:
+        tracer._interrupt(call, reply, event)
+    if kind in _MAY_END_A_REPLY:
+        tracer._maybe_end_reply(call, rid, event.at_ms)
+
+
+def _on_interruption(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    reply = call.replies.get(applied.target) if applied.target is not None else None
+    if reply is None:
+        return
+    if applied.cut is not None:
+        tracer._interrupt(call, reply, event)
+    tracer._maybe_end_reply(call, reply.rid, event.at_ms)
+
+
+def _on_tool_call(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    cid = _str(event.data.get("call"))
+    if cid is None or cid in call.tools:
+        return
+    node = tracer._tool_span(call, cid, event)
+    if node is not None and tracer.content:
+        arguments = tracer._text(call.record.calls[cid].arguments or {})
         node.span.set_attribute("gen_ai.tool.call.arguments", arguments)
         node.span.set_attribute("input.value", arguments)
-    call.tools[cid] = _Tool(node, tool_name, reply)
 
 
-def _tool(tracer: CallTracer, call: _Call, event: Event) -> _Tool | None:
-    """The call's open span; a call already settled (cancelled at a drop, then run again after the
-    resume) gets a new span beside the first, marked as a retry."""
-    cid = event.data.get("call")
-    tool = call.tools.get(cid) if isinstance(cid, str) else None
-    if tool is None or not tool.node.done:
-        return tool
-    parent = tool.reply.node if tool.reply is not None else call.root
-    node = tracer._start(
-        call,
-        parent,
-        f"execute_tool {tool.name}",
-        event,
-        gen_ai__operation__name="execute_tool",
-        gen_ai__tool__name=tool.name,
-        gen_ai__tool__call__id=cid,
-        gen_ai__tool__type="function",
-        openinference__span__kind="TOOL",
-        calltape__tool__retry=True,
-    )
-    tool = call.tools[str(cid)] = _Tool(node, tool.name, tool.reply)
-    return tool
+def _on_tool_started(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    cid = _str(event.data.get("call"))
+    node = tracer._running_tool(call, cid, event) if cid is not None else None
+    if node is not None:
+        node.span.add_event("tool.started", {"calltape.seq": event.seq or 0}, timestamp=event.at_ms * _MS)
 
 
-def _on_tool_started(tracer: CallTracer, call: _Call, event: Event) -> None:
-    tool = _tool(tracer, call, event)
-    if tool is not None:
-        tool.node.span.add_event("tool.started", {"calltape.seq": event.seq or 0}, timestamp=event.at_ms * _MS)
-
-
-def _on_tool_settled(tracer: CallTracer, call: _Call, event: Event) -> None:
-    tool = _tool(tracer, call, event)
-    if tool is None:
+def _on_tool_settled(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    cid = _str(event.data.get("call"))
+    node = call.tools.get(cid) if cid is not None else None
+    if cid is None or node is None:
         return
-    span = tool.node.span
-    if event.type == "tool.result":
-        error = event.data.get("error") is True
-        span.set_attribute("calltape.tool.outcome", "error" if error else "completed")
-        if error:
-            span.set_status(tracer._error("the tool reported an error"))
-        if tracer.content:
-            result = tracer._text(event.data.get("output"))
-            span.set_attribute("gen_ai.tool.call.result", result)
-            span.set_attribute("output.value", result)
-    else:
+    cancelled = event.type == "tool.cancelled"
+    if node.done:
+        if cancelled:
+            return  # the call had settled: the fold ignores a cancel after a result or another cancel
+        node = tracer._tool_span(call, cid, event, retry=True)
+        if node is None:
+            return
+    state = call.record.fold.tool_call(cid)
+    if state is None:
+        return
+    span = node.span
+    span.set_attribute("calltape.tool.outcome", state.status)  # the call's one outcome (SPEC section 2 rule 5)
+    if state.status == "error":
+        span.set_status(tracer._error("the tool reported an error"))
+    if cancelled:
         reason = _word(event.data.get("reason"))
-        unknown = event.data.get("outcome") == "unknown"
-        outcome = "timeout" if reason == "timeout" else ("unknown" if unknown else "cancelled")
-        span.set_attribute("calltape.tool.outcome", outcome)
         if reason is not None:
             span.set_attribute("calltape.tool.cancel_reason", reason)
-    tracer._finish(tool.node, event.at_ms)
+    elif tracer.content:
+        result = tracer._text(state.output)
+        span.set_attribute("gen_ai.tool.call.result", result)
+        span.set_attribute("output.value", result)
+    tracer._finish(node, event.at_ms)
+    tracer._maybe_end_reply(call, state.reply, event.at_ms)
 
 
-def _on_effect(tracer: CallTracer, call: _Call, event: Event) -> None:
+def _on_effect(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
     data = event.data
-    name, key, phase = data.get("name"), data.get("key"), data.get("phase")
-    if not isinstance(name, str) or not isinstance(key, str):
-        return
+    name, key, phase = _str(data.get("name")), _str(data.get("key")), data.get("phase")
+    effect = call.record.effects.get(name, key) if name is not None and key is not None else None
+    if effect is None or name is None or key is None or phase not in PHASES:
+        return  # the effect log ignored it
     node = call.effects.get((name, key))
     if node is None or node.done:
-        cid = data.get("call")
-        tool = call.tools.get(cid) if isinstance(cid, str) else None
-        parent = tool.node if tool is not None and not tool.node.closed else call.root
+        cid = _str(data.get("call"))
+        tool = call.tools.get(cid) if cid is not None else None
+        parent = tool if tool is not None and not tool.closed else call.root
         node = tracer._start(
             call,
             parent,
             f"effect {name}",
             event,
             gen_ai__tool__name=name,
-            gen_ai__tool__call__id=cid if isinstance(cid, str) else None,
+            gen_ai__tool__call__id=cid,
             calltape__effect__heard_first=data.get("heard") if isinstance(data.get("heard"), bool) else None,
             calltape__effect__key=tracer._text(key) if tracer.content else None,
             openinference__span__kind="TOOL",
         )
         call.effects[(name, key)] = node
-    node.span.set_attribute("calltape.effect.phase", phase if isinstance(phase, str) else "?")
-    if phase in ("done", "failed", "unknown"):
-        if phase != "done":
-            node.span.set_status(tracer._error(f"the effect's outcome is {phase}"))
+    node.span.set_attribute("calltape.effect.phase", effect.phase or "?")
+    if effect.phase != "started":
+        if effect.phase != "done":
+            node.span.set_status(tracer._error(f"the effect's outcome is {effect.phase}"))
         tracer._finish(node, event.at_ms)
 
 
-def _on_dropped(tracer: CallTracer, call: _Call, event: Event) -> None:
+def _on_dropped(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
     tracer._end_turn(call)
     if call.drop is None or call.drop.done:
         call.drop = tracer._start(
@@ -578,19 +575,15 @@ def _on_dropped(tracer: CallTracer, call: _Call, event: Event) -> None:
         call.drop.span.set_status(tracer._error("the call dropped"))
 
 
-def _on_resumed(tracer: CallTracer, call: _Call, event: Event) -> None:
-    agent = event.data.get("agent")
-    attributes = {
-        "calltape.seq": event.seq or 0,
-        "gen_ai.agent.name": agent if isinstance(agent, str) else "?",
-        "calltape.epoch": event.data.get("epoch") if isinstance(event.data.get("epoch"), int) else 0,
-    }
+def _on_resumed(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
+    fold = call.record.fold  # the resume switched its agent and epoch
+    attributes = {"calltape.seq": event.seq or 0, "gen_ai.agent.name": fold.agent or "?", "calltape.epoch": fold.epoch}
     call.root.span.add_event("session.resumed", attributes, timestamp=event.at_ms * _MS)
     if call.drop is not None and not call.drop.done:
         tracer._finish(call.drop, event.at_ms)
 
 
-def _on_handoff(tracer: CallTracer, call: _Call, event: Event) -> None:
+def _on_handoff(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
     attributes: dict[str, Any] = {"calltape.seq": event.seq or 0}
     for side in ("from", "to"):
         value = event.data.get(side)
@@ -599,7 +592,7 @@ def _on_handoff(tracer: CallTracer, call: _Call, event: Event) -> None:
     call.root.span.add_event("agent.handoff", attributes, timestamp=event.at_ms * _MS)
 
 
-def _on_ended(tracer: CallTracer, call: _Call, event: Event) -> None:
+def _on_ended(tracer: CallTracer, call: _Call, event: Event, applied: Applied) -> None:
     reason = _word(event.data.get("reason"))
     if reason is not None:
         call.root.span.set_attribute("calltape.end_reason", reason)
@@ -608,8 +601,7 @@ def _on_ended(tracer: CallTracer, call: _Call, event: Event) -> None:
     tracer._settle(call, event.at_ms)
 
 
-_HANDLERS = {
-    "session.started": _on_started,
+_HANDLERS: Final[dict[str, Callable[[CallTracer, _Call, Event, Applied], None]]] = {
     "session.ended": _on_ended,
     "session.dropped": _on_dropped,
     "session.resumed": _on_resumed,
@@ -618,12 +610,12 @@ _HANDLERS = {
     "user.speech.stopped": _on_user_stopped,
     "user.transcript": _on_user,
     "user.text": _on_user,
-    "agent.reply.started": _on_reply_started,
-    "agent.text": _on_text,
-    "agent.reply.done": _on_reply_done,
-    "agent.speech.started": _on_speech_started,
-    "agent.speech.progress": _on_progress,
-    "agent.speech.ended": _on_speech_ended,
+    "agent.reply.started": _on_reply_event,
+    "agent.text": _on_reply_event,
+    "agent.reply.done": _on_reply_event,
+    "agent.speech.started": _on_reply_event,
+    "agent.speech.progress": _on_reply_event,
+    "agent.speech.ended": _on_reply_event,
     "interruption": _on_interruption,
     "tool.call": _on_tool_call,
     "tool.started": _on_tool_started,
@@ -631,6 +623,7 @@ _HANDLERS = {
     "tool.cancelled": _on_tool_settled,
     "tool.effect": _on_effect,
 }
+"""Event type -> what it does to the spans (after the record folded it)."""
 
 
 def trace_events(

@@ -195,6 +195,29 @@ async def test_a_guarded_tool_starts_durably_and_times_out(store_url: str, sessi
     assert data_of(events, "tool.cancelled") == [{"call": "c1", "reason": "timeout", "outcome": "unknown"}]
 
 
+async def test_a_session_without_a_tap_runs_its_guarded_tool_as_before(store_url: str, session_id: str) -> None:
+    """Two sessions of one agent (its tools guarded once) driven from one task, only the first recorded:
+    the second's call, with the same call id, runs unguarded and leaves nothing in the first's call (a
+    guarded tool finds its tap from the session handling the call, never from another session)."""
+    calls: list[str] = []
+    agent = slow_agent(calls, seconds=0)
+    recorded, other = ScriptedRealtimeModel(strict=False), ScriptedRealtimeModel(strict=False)
+    async with calltape.connect(store_url) as ct:
+        tapped = await RealtimeRunner(agent, model=recorded).run()
+        untapped = await RealtimeRunner(agent, model=other).run()
+        await attach(tapped, ct, session_id)
+        async with tapped, untapped:
+            await _ask(recorded)
+            await until(lambda: sent(recorded, RealtimeModelSendToolOutput))
+            await _ask(other)
+            await until(lambda: sent(other, RealtimeModelSendToolOutput))
+        events = await logged(ct, session_id)
+    assert calls == ["19:00", "finished", "19:00", "finished"]  # each body ran, once per session
+    assert [e.type for e in events].count("tool.started") == 1
+    (output,) = sent(other, RealtimeModelSendToolOutput)
+    assert output.output == "booked for 19:00"
+
+
 async def test_tools_the_sdk_cancels_at_close_are_settled(store_url: str, session_id: str) -> None:
     calls: list[str] = []
     model = ScriptedRealtimeModel(strict=False)

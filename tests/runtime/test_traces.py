@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from calltape.events import now_ms
+from calltape.events import Event, now_ms
 from calltape.eventstore import EventStore
 from calltape.eventstore.recorder import Recorder
 from calltape.redaction import Redactor
@@ -263,3 +263,77 @@ async def test_a_resume_in_the_recording_process_reaches_its_live_spans(
     assert lookup.attributes["calltape.tool.outcome"] == "unknown"  # the resume's settlement, seen live
     (resumed,) = [e for e in named(spans, "invoke_agent booker")[0].events if e.name == "session.resumed"]
     assert named(spans, "session.dropped")[0].end_time <= resumed.timestamp
+
+
+def test_spans_follow_the_calls_read_model(exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    """The spans say what the fold says (the read model ``calltape check`` reads): an interruption of a
+    reply already played out, its tool settled, cuts nothing; a call without a reply joins the latest
+    one; tokens after a cut are late (not the reply's text), and what was heard is what played before."""
+    provider, exporter = exported
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("session.started", {"agent": "booker"}),
+        ("agent.reply.started", {"reply": "r1"}),
+        ("agent.text", {"reply": "r1", "text": "Booked."}),
+        ("agent.reply.done", {"reply": "r1"}),
+        ("tool.call", {"call": "c1", "name": "lookup", "arguments": {}}),  # no reply: the latest (r1)
+        ("tool.result", {"call": "c1", "output": {}}),
+        ("agent.speech.started", {"reply": "r1"}),
+        ("agent.speech.ended", {"reply": "r1", "interrupted": False}),
+        ("interruption", {"reply": "r1", "cause": "user_speech"}),  # r1 is over: nothing to cut
+        ("agent.reply.started", {"reply": "r2"}),
+        ("agent.text", {"reply": "r2", "text": "abc"}),
+        ("agent.speech.started", {"reply": "r2"}),
+        ("interruption", {"reply": "r2", "cause": "user_speech"}),
+        ("agent.text", {"reply": "r2", "text": "def"}),  # a late token
+        ("agent.speech.ended", {"reply": "r2", "interrupted": True}),
+        ("agent.reply.done", {"reply": "r2"}),
+        ("session.ended", {"reason": "hangup"}),
+    ]
+    events = [
+        Event(kind, data, "call-m", id=f"e{n}", at_ms=1000 + 100 * n, seq=n + 1) for n, (kind, data) in enumerate(rows)
+    ]
+    trace_events(events, provider)
+    spans = list(exporter.get_finished_spans())
+    assert tree(spans) == [
+        (0, "invoke_agent booker"),
+        (1, "turn"),
+        (2, "chat"),
+        (3, "execute_tool lookup"),
+        (3, "agent.speech"),
+        (2, "chat"),
+        (3, "agent.speech"),
+    ]
+    r1, r2 = named(spans, "chat")
+    assert r1.attributes["calltape.reply.interrupted"] is False and not r1.events
+    assert r2.attributes["calltape.reply.interrupted"] is True
+    assert [e.name for e in r2.events] == ["interruption"]
+    assert r2.attributes["calltape.reply.text_chars"] == 3 and r2.attributes["calltape.reply.heard_chars"] == 3
+    assert named(spans, "agent.speech")[1].attributes["calltape.speech.interrupted"] is True
+    assert not any("calltape.unfinished" in s.attributes for s in spans)
+
+
+def test_a_reply_the_playout_never_took_is_over_at_the_next_but_can_still_be_cut(
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A voice reply generated but never played ends its span when the next generation begins (the
+    tracer's own call: the fold still waits for its playout); an interruption aimed at it afterwards
+    still cuts it in the fold, and its span says so."""
+    provider, exporter = exported
+    rows: list[tuple[str, dict[str, Any]]] = [
+        ("session.started", {"agent": "booker"}),
+        ("agent.reply.started", {"reply": "r1"}),
+        ("agent.text", {"reply": "r1", "text": "One moment."}),
+        ("tool.call", {"reply": "r1", "call": "c1", "name": "lookup", "arguments": {}}),
+        ("agent.reply.done", {"reply": "r1"}),
+        ("agent.reply.started", {"reply": "r2"}),
+        ("interruption", {"reply": "r1", "cause": "user_speech"}),
+        ("tool.result", {"call": "c1", "output": {}}),
+        ("agent.reply.done", {"reply": "r2"}),
+        ("session.ended", {"reason": "hangup"}),
+    ]
+    events = [Event(k, d, "call-p", id=f"p{n}", at_ms=1000 + 100 * n, seq=n + 1) for n, (k, d) in enumerate(rows)]
+    trace_events(events, provider)
+    r1, r2 = named(exporter.get_finished_spans(), "chat")
+    assert r1.attributes["calltape.reply.interrupted"] is True and [e.name for e in r1.events] == ["interruption"]
+    assert r1.end_time == 1700 * 10**6  # its tool answered at 1.7 s
+    assert r2.attributes["calltape.reply.interrupted"] is False
