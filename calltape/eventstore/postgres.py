@@ -496,9 +496,14 @@ class PostgresEventStore(SqlEventStore):
             async with self._reader() as (conn, decoded), self.reading(conn):
                 rows = await conn.fetch(read_sql(bounded, limited, inline, decoded), *args)
             if decoded:  # the driver decoded ``data`` as each row arrived, while the server was still sending
-                return [Event(r[2], r[6], session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
-            loads = orjson.loads
-            return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+                events = [Event(r[2], r[6], session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+            else:
+                loads = orjson.loads
+                events = [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+            # Freed before the GC runs again: the first collection after the pause scans every object
+            # still young, and the driver's rows would be half of them.
+            del rows
+        return events
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None

@@ -408,7 +408,9 @@ class SqliteEventStore(SqlEventStore):
             with gc_paused(expected):
                 rows = conn.execute(sql, args).fetchall()
                 loads = orjson.loads
-                return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+                events = [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+                del rows  # freed before the GC runs again (see PostgresEventStore.read)
+            return events
 
         async with translate_errors(self.url):
             return await reads.run(read)
