@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
+import orjson
 from sqlalchemy import Column
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
@@ -35,6 +37,7 @@ from calltape.eventstore.tenancy import (
     tenant_settings,
 )
 from calltape.eventstore.writer import AppendWriter, Key
+from calltape.gcpause import BULK, gc_paused
 
 
 def _names(columns: Sequence[Column[Any]]) -> str:
@@ -123,6 +126,32 @@ ORDER BY txid, pos LIMIT $3
 """
 """``$5``: the tenant calltape keeps the feed to (``''``: none) for a role that row-level security does not
 hold; NULL when the database keeps it (or for a store opened for every tenant)."""
+
+
+@functools.cache
+def read_sql(bounded: bool, limited: bool, owner: bool, decoded: bool) -> str:
+    """A session's events after a seq (``bounded``: to a seq; ``limited``: at most so many), in the order
+    :meth:`PostgresEventStore.read` builds them from; parameters in that order, after the session and
+    the first seq. ``owner``: only while the session is the last parameter's tenant (``NULL``: a session
+    without one), checked in the same statement (calltape keeps the store to its tenant for a role that
+    row-level security does not hold), where it was a query and a pool checkout of its own per read.
+    ``decoded``: ``data`` as ``jsonb``, for the read connection, whose driver decodes it (see
+    :func:`_decoding`); otherwise as JSON text."""
+    data = "data" if decoded else "data::text"
+    sql = f"SELECT seq, id, type, at_ms, agent, epoch, {data} FROM ct_events WHERE session = $1 AND seq > $2"
+    n = 2
+    if bounded:
+        n += 1
+        sql += f" AND seq <= ${n}"
+    limit = ""
+    if limited:
+        n += 1
+        limit = f" LIMIT ${n}"
+    if owner:
+        n += 1
+        owned = f"SELECT 1 FROM ct_sessions s WHERE s.session = $1 AND s.tenant IS NOT DISTINCT FROM ${n}::text"
+        sql += f" AND EXISTS ({owned})"
+    return sql + " ORDER BY seq" + limit
 
 
 class _StoredDuplicate(Exception):
@@ -257,6 +286,12 @@ class PostgresEventStore(SqlEventStore):
     the store to its tenant, otherwise calltape filters as on SQLite."""
     writer_class: type[PgWriter] = PgWriter
     """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
+    inline_owner = True
+    """Whether a read checks the session's tenant inside its own statement (Citus asks first, apart: a
+    statement is routed to one shard only when every table in it is pinned to the session)."""
+    _held: tuple[AsyncConnection, asyncpg.Connection, asyncio.AbstractEventLoop] | None = None
+    """The connection reads run on (see :meth:`_reader`), with the loop it belongs to."""
+    _held_busy = False
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -296,6 +331,48 @@ class PostgresEventStore(SqlEventStore):
                     await sa_conn.invalidate()  # never hand a dead connection to the next caller
                 raise
 
+    @contextlib.asynccontextmanager
+    async def _reader(self) -> AsyncIterator[tuple[asyncpg.Connection, bool]]:
+        """The store's own read connection, taken from the pool once and kept (a pool checkout and its
+        context managers cost a read of a few events more than its query), and whether it decodes
+        ``jsonb`` itself (it does: see :func:`_decoding`). A read that finds it busy, or runs on another
+        event loop than the one it was opened on, checks one out of the pool as before (``data`` read
+        as text there). A connection that failed under a read is closed, never kept."""
+        loop = asyncio.get_running_loop()
+        held = self._held
+        if self._held_busy or (held is not None and held[2] is not loop):
+            async with self._connection() as conn:
+                yield conn, False
+            return
+        self._held_busy = True
+        try:
+            async with translate_errors(self.url, tenant=self.tenant):
+                if held is None or held[1].is_closed():
+                    if held is not None:
+                        self._held = None
+                        await _release(held)
+                    sa_conn = await self.engine.connect()
+                    try:
+                        conn = (await sa_conn.get_raw_connection()).driver_connection
+                        assert conn is not None
+                        await _decoding(conn)
+                    except BaseException:
+                        await _release((sa_conn, None, loop))
+                        raise
+                    held = self._held = (sa_conn, conn, loop)
+                try:
+                    yield held[1], True
+                except BaseException as exc:
+                    # A query error leaves the connection as it was; a lost connection, or a read
+                    # cancelled mid-result, may not: the next read starts on a fresh one.
+                    if isinstance(exc, asyncpg.PostgresError) and not held[1].is_closed():
+                        raise
+                    self._held = None
+                    await _release(held)
+                    raise
+        finally:
+            self._held_busy = False
+
     def tenant_scope(self) -> str | None:
         """The statement that hands this connection's tenant to the other nodes a transaction reaches,
         run first in every transaction; None on a single node (the connection-start setting is read
@@ -332,8 +409,12 @@ class PostgresEventStore(SqlEventStore):
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[Db]:
+        if not write:  # reads (summaries, snapshots, tenancy checks) run on the read connection
+            async with self._reader() as (conn, _), self.reading(conn):
+                yield _PgDb(conn, self.engine.dialect)
+            return
         async with self._connection() as conn:
-            async with self.transaction(conn) if write else self.reading(conn):
+            async with self.transaction(conn):
                 yield _PgDb(conn, self.engine.dialect)
 
     # -- writing -----------------------------------------------------------------------------
@@ -393,6 +474,37 @@ class PostgresEventStore(SqlEventStore):
 
     # -- reading -----------------------------------------------------------------------------
 
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        owner = self._filters()
+        if owner and not self.inline_owner and await self._hidden(session):
+            return []
+        args: list[Any] = [session, after_seq]
+        if to_seq is not None:
+            args.append(to_seq)
+        if limit is not None:
+            args.append(limit)
+        inline = owner and self.inline_owner
+        if inline:
+            args.append(self.tenant)
+        bounded, limited = to_seq is not None, limit is not None
+        expected = limit if limit is not None else to_seq - after_seq if to_seq is not None else BULK
+        # The cyclic GC is paused over the fetch too: the driver's rows are as many acyclic objects as
+        # the events, and collections they trigger would rescan everything the process holds.
+        with gc_paused(expected):
+            async with self._reader() as (conn, decoded), self.reading(conn):
+                rows = await conn.fetch(read_sql(bounded, limited, inline, decoded), *args)
+            if decoded:  # the driver decoded ``data`` as each row arrived, while the server was still sending
+                events = [Event(r[2], r[6], session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+            else:
+                loads = orjson.loads
+                events = [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+            # Freed before the GC runs again: the first collection after the pause scans every object
+            # still young, and the driver's rows would be half of them.
+            del rows
+        return events
+
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
     ) -> list[tuple[FeedPosition, Event]]:
@@ -419,6 +531,15 @@ class PostgresEventStore(SqlEventStore):
     def change_waiter(self) -> ChangeWaiter:
         return _NotifyWaiter(self.url, self.tenant)
 
+    async def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            if held[2] is asyncio.get_running_loop():
+                await _release(held)
+            else:
+                held[1].terminate()  # its loop is not this one: nothing can be awaited on it here
+        await super().close()
+
     def _filters(self) -> bool:
         return not self.held_by_rls and super()._filters()
 
@@ -426,6 +547,20 @@ class PostgresEventStore(SqlEventStore):
         # Delivered at commit to every LISTENing subscription that could hold the session's events.
         assert isinstance(db, _PgDb)
         await db.conn.execute(_ANNOUNCE_ERASURE, CHANNEL, channel(tenant), ERASED)
+
+
+async def _decoding(conn: asyncpg.Connection) -> None:
+    """Has the driver decode ``jsonb`` (as text, with orjson) as each row arrives: in C, and while the
+    server is still sending the rest, where a text column was decoded in a Python loop after the last row.
+    Only the store's own read connection decodes so; the pool never gets it back (:func:`_release`)."""
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=dumps_data, decoder=orjson.loads, format="text")
+
+
+async def _release(held: tuple[AsyncConnection, asyncpg.Connection | None, Any]) -> None:
+    """Closes a kept read connection: invalidated, so the pool never hands out its ``jsonb`` decoding."""
+    with contextlib.suppress(Exception):
+        await held[0].invalidate()
+        await held[0].close()
 
 
 _ANNOUNCE_ERASURE = "SELECT pg_notify(c, $3) FROM (VALUES ($1::text), ($2::text)) AS channels(c)"

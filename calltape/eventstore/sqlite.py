@@ -44,6 +44,7 @@ from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS, events, ses
 from calltape.eventstore.store import ChangeWaiter, FeedPosition, SleepWaiter, checked_batch
 from calltape.eventstore.tenancy import admit, refuse_foreign
 from calltape.eventstore.writer import AppendWriter, Key
+from calltape.gcpause import BULK, gc_paused
 
 log = logging.getLogger("calltape.eventstore")
 
@@ -127,6 +128,10 @@ class SqliteDb(Db):
     async def insert_rows(self, sql: str, records: Sequence[Sequence[Any]]) -> None:
         """``executemany`` of ready-made positional rows."""
         await self.conn.exec_driver_sql(sql, list(records))
+
+
+_READ = "SELECT seq, id, type, at_ms, agent, epoch, data FROM ct_events WHERE session = ? AND seq > ?"
+"""The start of :meth:`SqliteEventStore.read`'s statement (columns in the order it builds events from)."""
 
 
 def _in_json(name: str) -> Any:
@@ -348,6 +353,11 @@ class SqliteEventStore(SqlEventStore):
         """Where appends run (:mod:`._sqlite_thread`). An in-memory database is one shared-cache database
         behind a pool of one connection (``connect.py``): its appends stay on that connection, the only
         one that waits its turn instead of failing on the shared cache's table locks."""
+        self._reads = None if database == ":memory:" else WriterThread(database, configure_connection)
+        """Where reads run: a thread of their own with its own ``sqlite3`` connection, as the writer's (WAL
+        lets it read while a write is under way), so a read is one hop to a thread and back where aiosqlite
+        took one per statement, and never waits behind a write. An in-memory database reads on its one
+        pooled connection."""
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
@@ -373,6 +383,53 @@ class SqliteEventStore(SqlEventStore):
 
         async with translate_errors(self.url):
             return await self._writer.run(append)
+
+    async def read(
+        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        reads = self._reads
+        if reads is None:
+            return await super().read(session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+        sql = _READ
+        args: list[Any] = [session, after_seq]
+        if to_seq is not None:
+            sql += " AND seq <= ?"
+            args.append(to_seq)
+        if self._filters():  # the session's tenant checked in the same statement (one snapshot, one step)
+            sql += " AND EXISTS (SELECT 1 FROM ct_sessions s WHERE s.session = ? AND s.tenant IS ?)"
+            args += (session, self.tenant)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        expected = limit if limit is not None else to_seq - after_seq if to_seq is not None else BULK
+
+        def read(conn: sqlite3.Connection) -> list[Event]:
+            with gc_paused(expected):
+                rows = conn.execute(sql, args).fetchall()
+                loads = orjson.loads
+                events = [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
+                del rows  # freed before the GC runs again (see PostgresEventStore.read)
+            return events
+
+        async with translate_errors(self.url):
+            return await reads.run(read)
+
+    async def _fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
+        reads = self._reads
+        if reads is None:
+            return await super()._fetch(query, **params)
+        sql, args = query.bind(self.engine.dialect, params)
+        async with translate_errors(self.url):
+            return await reads.run(lambda conn: conn.execute(sql, args).fetchall())
+
+    async def _hidden(self, session: str) -> bool:
+        reads = self._reads
+        if reads is None or not self._filters():
+            return await super()._hidden(session)
+        dialect, tenant = self.engine.dialect, self.tenant
+        async with translate_errors(self.url):
+            return not await reads.run(lambda conn: run_to_end(owns(ThreadDb(conn, dialect), session, tenant)))
 
     async def feed(
         self, after: FeedPosition | None = None, *, limit: int = 1000, session: str | None = None
@@ -425,6 +482,8 @@ class SqliteEventStore(SqlEventStore):
 
     async def close(self) -> None:
         try:
+            if self._reads is not None:
+                await self._reads.close()
             if self._writer is not None:
                 await self._writer.close()
         finally:
