@@ -106,7 +106,7 @@ class Recorder:
         close_timeout: float | None = 30.0,
         durable_timeout: float | None = 10.0,
         redactor: Redactor | None = None,
-        durable_lane: bool | None = None,
+        durable_lanes: int | None = None,
     ) -> None:
         self.store = store
         self.max_batch = max_batch
@@ -124,10 +124,11 @@ class Recorder:
         rules = redactor if redactor is not None else getattr(store, "redactor", None)
         self._redacting: RedactingStream | None = rules.stream() if rules is not None else None
         self.stats = RecorderStats()
-        self.durable_lane = bool(getattr(store, "durable_lanes", False)) if durable_lane is None else durable_lane
-        """Whether a durable append may commit beside the batch in flight (see the module's text). The
-        default is the store's: on for PostgreSQL, off for SQLite, whose writers take turns on one
-        file lock anyway (a lane would only add transactions)."""
+        self.durable_lanes = int(getattr(store, "durable_lanes", 0)) if durable_lanes is None else durable_lanes
+        """How many sessions' durable appends may commit at once beside the batch in flight (see the
+        module's text); past that a durable append follows the batch, as with 0 (no lanes). The default
+        is the store's: a few on PostgreSQL (each lane holds a pooled connection while it writes), none on
+        SQLite, whose writers take turns on one file lock anyway (a lane would only add transactions)."""
         self._busy: set[str] = set()
         """Sessions of the batch the writer task is writing now: their durable appends follow it."""
         self._lanes: dict[str, list[_Pending]] = {}
@@ -340,14 +341,14 @@ class Recorder:
                     ready.append(_Pending(e))
         self._accepted += 1
         session = event.session
-        if not self.durable_lane or (session in self._busy and session not in self._lanes):
-            # Follows its session's events in the batch being written (or lanes are off).
+        if session in self._lanes:
+            self._enqueue(ready)  # follows its session's lane write, right after it
+        elif session in self._busy or len(self._lanes) >= self.durable_lanes:
+            # Follows its session's events in the batch being written (or every lane is taken).
             self._queue.extend(ready)
             self._durable += 1
             self._hurry.set()
             self._wake.set()
-        elif session in self._lanes:
-            self._enqueue(ready)  # follows its session's lane write, right after it
         else:
             self._open_lane(session, ready)
         self._idle.clear()
@@ -542,7 +543,7 @@ class Recorder:
                 self._durable -= sum(1 for p in batch if p.done is not None)
                 self._inflight = n
                 self._inflight_batch = batch
-                if self.durable_lane:
+                if self.durable_lanes:
                     self._busy = {p.event.session for p in batch}
                 await self._write(batch, loop)
                 self._busy = set()

@@ -52,7 +52,7 @@ async def test_a_durable_append_commits_beside_a_stuck_batch(
     slow, quick = f"{session_id}-slow", f"{session_id}-quick"
     await pg_store.append([started(slow), started(quick)])
     rec = await Recorder(pg_store).start()
-    assert rec.durable_lane  # PostgreSQL's default
+    assert rec.durable_lanes  # PostgreSQL's default
     holder = await _hold_row(pg_url, slow)
     try:
         rec.emit(text(slow, "stuck"))
@@ -162,7 +162,7 @@ async def test_lanes_keep_order_and_settle_flush_on_either_store(store: EventSto
     """Lanes forced on (SQLite's default is off): many sessions mixing emits and durable appends keep
     their emit order, and a flush settles what lanes hold."""
     sessions = [f"{session_id}-{k}" for k in range(6)]
-    rec = await Recorder(store, durable_lane=True, max_delay=0.002).start()
+    rec = await Recorder(store, durable_lanes=3, max_delay=0.002).start()
     for s in sessions:
         rec.emit(started(s))
     expected: dict[str, list[str]] = {s: [] for s in sessions}
@@ -183,4 +183,25 @@ async def test_lanes_keep_order_and_settle_flush_on_either_store(store: EventSto
         assert [e.data.get("text") for e in stored[1:]] == expected[s]
         assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
     assert rec.pending == 0 and not rec._lanes
+    await rec.close()
+
+
+async def test_past_the_lanes_a_durable_append_follows_the_batch(
+    store: EventStore, store_url: str, session_id: str
+) -> None:
+    """Lanes hold pooled connections: with every lane taken, a durable append goes with the next batch
+    (and still commits, here while the lane stays stuck)."""
+    pg_store, pg_url = _postgres(store, store_url)
+    stuck, other = f"{session_id}-stuck", f"{session_id}-other"
+    await pg_store.append([started(stuck), started(other)])
+    rec = await Recorder(pg_store, durable_lanes=1).start()
+    holder = await _hold_row(pg_url, stuck)
+    try:
+        lane = asyncio.ensure_future(rec.submit(text(stuck, "in its lane"), timeout=10))
+        assert list(rec._lanes) == [stuck]
+        stored = await rec.append(text(other, "with the batch"), timeout=5)
+        assert stored.seq == 2 and list(rec._lanes) == [stuck] and not lane.done()
+    finally:
+        await _release(holder)
+    assert (await asyncio.wait_for(lane, 10)).seq == 2
     await rec.close()
