@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import asyncpg
+import orjson
 import pytest
 from eventstore_support import raw_pg, started, text
 
 from calltape.errors import CalltapeError, FencedWrite
 from calltape.events import Event
 from calltape.eventstore import EventStore
-from calltape.eventstore.recorder import Recorder
+from calltape.eventstore.recorder import DurableAppendTimeout, Recorder, RecorderSpilled
 from calltape.runtime import resume
 
 
@@ -205,3 +207,45 @@ async def test_past_the_lanes_a_durable_append_follows_the_batch(
         await _release(holder)
     assert (await asyncio.wait_for(lane, 10)).seq == 2
     await rec.close()
+
+
+async def test_a_durable_append_behind_a_stuck_lane_is_taken_back_on_timeout(
+    store: EventStore, store_url: str, session_id: str
+) -> None:
+    pg_store, pg_url = _postgres(store, store_url)
+    await pg_store.append([started(session_id)])
+    rec = await Recorder(pg_store).start()
+    holder = await _hold_row(pg_url, session_id)
+    try:
+        first = asyncio.ensure_future(rec.submit(text(session_id, "d1"), timeout=10))
+        with pytest.raises(DurableAppendTimeout) as timed_out:
+            await rec.append(text(session_id, "d2"), timeout=0.3)  # waits behind the lane, then gives up
+        assert timed_out.value.withdrawn
+    finally:
+        await _release(holder)
+    assert (await asyncio.wait_for(first, 10)).seq == 2
+    await asyncio.wait_for(rec.flush(), 10)
+    assert [e.data.get("text") for e in await pg_store.read(session_id)][1:] == ["d1"]  # d2 never written
+    assert rec.pending == 0
+    await rec.close()
+
+
+async def test_close_spills_what_a_stuck_lane_holds(
+    store: EventStore, store_url: str, session_id: str, tmp_path: Path
+) -> None:
+    pg_store, pg_url = _postgres(store, store_url)
+    await pg_store.append([started(session_id)])
+    rec = await Recorder(pg_store).start()
+    holder = await _hold_row(pg_url, session_id)
+    try:
+        durable = asyncio.ensure_future(rec.submit(text(session_id, "d1"), timeout=None))
+        rec.emit(text(session_id, "e1"))  # follows the lane
+        with pytest.raises(RecorderSpilled) as spilled:
+            await rec.close(timeout=0.3, spill_dir=tmp_path)
+        assert spilled.value.count == 2
+        lines = spilled.value.path.read_bytes().splitlines()
+        assert [orjson.loads(line)["data"].get("text") for line in lines] == ["d1", "e1"]
+        with pytest.raises(RecorderSpilled):
+            await durable  # told, never left hanging
+    finally:
+        await _release(holder)
