@@ -36,6 +36,17 @@ async def _hold_row(pg_url: str, session: str) -> asyncpg.Connection:
     return conn
 
 
+async def _stuck(
+    store: EventStore, store_url: str, stuck: str, *others: str, lanes: int | None = None
+) -> tuple[EventStore, Recorder, asyncpg.Connection]:
+    """The PostgreSQL store with ``stuck`` and ``others`` started, a recorder on it, and a connection
+    holding ``stuck``'s row (an append of it waits until :func:`_release`)."""
+    pg_store, pg_url = _postgres(store, store_url)
+    await pg_store.append([started(s) for s in (stuck, *others)])
+    rec = await Recorder(pg_store, durable_lanes=lanes).start()
+    return pg_store, rec, await _hold_row(pg_url, stuck)
+
+
 async def _release(conn: asyncpg.Connection) -> None:
     await conn.execute("ROLLBACK")
     await conn.close()
@@ -50,12 +61,9 @@ async def _until(check: object, seconds: float = 10.0) -> None:
 async def test_a_durable_append_commits_beside_a_stuck_batch(
     store: EventStore, store_url: str, session_id: str
 ) -> None:
-    pg_store, pg_url = _postgres(store, store_url)
     slow, quick = f"{session_id}-slow", f"{session_id}-quick"
-    await pg_store.append([started(slow), started(quick)])
-    rec = await Recorder(pg_store).start()
+    pg_store, rec, holder = await _stuck(store, store_url, slow, quick)
     assert rec.durable_lanes  # PostgreSQL's default
-    holder = await _hold_row(pg_url, slow)
     try:
         rec.emit(text(slow, "stuck"))
         await _until(lambda: rec._inflight == 1)  # the batch is being written, and waits on the lock
@@ -78,10 +86,7 @@ async def test_a_durable_append_commits_beside_a_stuck_batch(
 async def test_a_durable_append_follows_its_session_in_the_batch_in_flight(
     store: EventStore, store_url: str, session_id: str
 ) -> None:
-    pg_store, pg_url = _postgres(store, store_url)
-    await pg_store.append([started(session_id)])
-    rec = await Recorder(pg_store).start()
-    holder = await _hold_row(pg_url, session_id)
+    pg_store, rec, holder = await _stuck(store, store_url, session_id)
     try:
         rec.emit(text(session_id, "first"))
         await _until(lambda: rec._inflight == 1)
@@ -99,13 +104,10 @@ async def test_a_durable_append_follows_its_session_in_the_batch_in_flight(
 async def test_events_emitted_while_a_lane_writes_follow_it_in_order(
     store: EventStore, store_url: str, session_id: str
 ) -> None:
-    pg_store, pg_url = _postgres(store, store_url)
     """The lane itself stuck: what its session emits meanwhile (and a second durable append) waits for it,
     and every event lands in emit order, while other sessions' batches go on."""
     other = f"{session_id}-other"
-    await pg_store.append([started(session_id), started(other)])
-    rec = await Recorder(pg_store).start()
-    holder = await _hold_row(pg_url, session_id)
+    pg_store, rec, holder = await _stuck(store, store_url, session_id, other)
     try:
         first = asyncio.ensure_future(rec.append(text(session_id, "d1"), timeout=10))
         await _until(lambda: session_id in rec._lane_batches)
@@ -193,11 +195,8 @@ async def test_past_the_lanes_a_durable_append_follows_the_batch(
 ) -> None:
     """Lanes hold pooled connections: with every lane taken, a durable append goes with the next batch
     (and still commits, here while the lane stays stuck)."""
-    pg_store, pg_url = _postgres(store, store_url)
     stuck, other = f"{session_id}-stuck", f"{session_id}-other"
-    await pg_store.append([started(stuck), started(other)])
-    rec = await Recorder(pg_store, durable_lanes=1).start()
-    holder = await _hold_row(pg_url, stuck)
+    _, rec, holder = await _stuck(store, store_url, stuck, other, lanes=1)
     try:
         lane = asyncio.ensure_future(rec.submit(text(stuck, "in its lane"), timeout=10))
         assert list(rec._lanes) == [stuck]
@@ -206,16 +205,13 @@ async def test_past_the_lanes_a_durable_append_follows_the_batch(
     finally:
         await _release(holder)
     assert (await asyncio.wait_for(lane, 10)).seq == 2
-    await rec.close()
+    await asyncio.wait_for(rec.close(), 10)
 
 
 async def test_a_durable_append_behind_a_stuck_lane_is_taken_back_on_timeout(
     store: EventStore, store_url: str, session_id: str
 ) -> None:
-    pg_store, pg_url = _postgres(store, store_url)
-    await pg_store.append([started(session_id)])
-    rec = await Recorder(pg_store).start()
-    holder = await _hold_row(pg_url, session_id)
+    pg_store, rec, holder = await _stuck(store, store_url, session_id)
     try:
         first = asyncio.ensure_future(rec.submit(text(session_id, "d1"), timeout=10))
         with pytest.raises(DurableAppendTimeout) as timed_out:
@@ -233,10 +229,7 @@ async def test_a_durable_append_behind_a_stuck_lane_is_taken_back_on_timeout(
 async def test_close_spills_what_a_stuck_lane_holds(
     store: EventStore, store_url: str, session_id: str, tmp_path: Path
 ) -> None:
-    pg_store, pg_url = _postgres(store, store_url)
-    await pg_store.append([started(session_id)])
-    rec = await Recorder(pg_store).start()
-    holder = await _hold_row(pg_url, session_id)
+    _, rec, holder = await _stuck(store, store_url, session_id)
     try:
         durable = asyncio.ensure_future(rec.submit(text(session_id, "d1"), timeout=None))
         rec.emit(text(session_id, "e1"))  # follows the lane
