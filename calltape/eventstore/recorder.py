@@ -228,6 +228,7 @@ class Recorder:
         pendings = [p for p in (*self._inflight_batch, *lanes, *self._queue) if not p.withdrawn]
         self._queue.clear()
         for follow in self._lanes.values():
+            self._lane_held -= len(follow)
             follow.clear()
         return pendings
 
@@ -343,8 +344,9 @@ class Recorder:
         session = event.session
         if session in self._lanes:
             self._enqueue(ready)  # follows its session's lane write, right after it
-        elif session in self._busy or len(self._lanes) >= self.durable_lanes:
-            # Follows its session's events in the batch being written (or every lane is taken).
+        elif session in self._busy or len(self._lanes) >= self.durable_lanes or len(self._queue) > self._batch_cap:
+            # Follows its session's events in the batch being written (or every lane is taken, or the
+            # writer is a batch or more behind: a lane would first search that whole queue, in the caller).
             self._queue.extend(ready)
             self._durable += 1
             self._hurry.set()
