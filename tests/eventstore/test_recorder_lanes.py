@@ -12,11 +12,12 @@ from pathlib import Path
 import asyncpg
 import orjson
 import pytest
-from eventstore_support import raw_pg, started, text
+from eventstore_support import TcpProxy, raw_pg, started, text
+from sqlalchemy.engine import make_url
 
 from calltape.errors import CalltapeError, FencedWrite
 from calltape.events import Event
-from calltape.eventstore import EventStore
+from calltape.eventstore import EventStore, open_store
 from calltape.eventstore.recorder import DurableAppendTimeout, Recorder, RecorderSpilled
 from calltape.runtime import resume
 
@@ -242,3 +243,23 @@ async def test_close_spills_what_a_stuck_lane_holds(
             await durable  # told, never left hanging
     finally:
         await _release(holder)
+
+
+async def test_a_lane_rides_out_an_outage(pg_url: str, proxy: TcpProxy, session_id: str) -> None:
+    """A durable append in its lane when the database goes away is kept and retried like a batch, and
+    commits once it is back."""
+    url = make_url(pg_url).set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    proxied = await open_store(url)
+    try:
+        rec = await Recorder(proxied, retry_initial=0.02, retry_max=0.1).start()
+        await rec.append(started(session_id))
+        await proxy.kill()
+        durable = asyncio.ensure_future(rec.submit(text(session_id, "during"), timeout=30))
+        await asyncio.sleep(0.3)
+        assert not durable.done() and session_id in rec._lanes
+        await proxy.restart()
+        assert (await asyncio.wait_for(durable, 30)).seq == 2
+        assert rec.stats.retries > 0
+        await rec.close()
+    finally:
+        await proxied.close()
