@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
+
 from bench import es
 from bench.db import RAW_TABLE, Scratch, truncate_calltape, truncate_es, truncate_raw
 from bench.workload import Step, call_timeline
@@ -296,12 +298,22 @@ class SustainedResult:
     flush_tail_ms: float
     emit_us: list[float]
     durable_ms: list[float]
+    raw_commit_ms: list[float]
+    """A raw asyncpg one-row ``INSERT`` + ``COMMIT``, timed by the same probe right after each durable append
+    (empty without a raw connection): the floor under the durable append, under the same load."""
     commit_lag_ms: list[float]
     batches: list[int]
 
 
 async def sustained(
-    store: EventStore, *, sessions: int, rate: float, seconds: float, seed: int, probe_pause: float = 0.01
+    store: EventStore,
+    *,
+    sessions: int,
+    rate: float,
+    seconds: float,
+    seed: int,
+    probe_pause: float = 0.01,
+    raw: asyncpg.Connection | None = None,
 ) -> SustainedResult:
     capture = Capture(store)
     capture.track_lag = True
@@ -313,6 +325,9 @@ async def sustained(
     timelines = burst_timelines(sessions, per_session, seed=1000 + seed)
     emit_ns: list[int] = []
     durable: list[float] = []
+    raw_commit: list[float] = []
+    raw_sql = f"INSERT INTO {RAW_TABLE} (session, seq, id, type, at_ms, data) VALUES ($1, $2, $3, $4, $5, $6)"
+    raw_session = f"raw-{new_event_id()}"
     offered = 0
     start = loop.time() + 0.05
     end = start + seconds
@@ -349,6 +364,12 @@ async def sustained(
             await tape.append("tool.started", {"call": f"p{k}"})
             durable.append((perf_s() - t0) * 1000)
             tape.emit("tool.result", {"call": f"p{k}", "output": {"ok": True}})
+            if raw is not None:
+                # the floor, alternating with the durable append under the same load: one row, one commit
+                t0 = perf_s()
+                async with raw.transaction():
+                    await raw.execute(raw_sql, raw_session, k, new_event_id(), "tool.started", 0, "{}")
+                raw_commit.append((perf_s() - t0) * 1000)
             await asyncio.sleep(probe_pause)
 
     rngs = [random.Random(seed * 7919 + i) for i in range(sessions)]
@@ -373,6 +394,7 @@ async def sustained(
         flush_tail_ms=tail,
         emit_us=[ns / 1000 for ns in emit_ns],
         durable_ms=durable,
+        raw_commit_ms=raw_commit,
         commit_lag_ms=[s * 1000 for s in capture.lag],
         batches=capture.batches,
     )

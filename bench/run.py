@@ -29,6 +29,7 @@ HEADLINE_KEYS = (
     "append_ratio_vs_eventsourcing",
     "emit_p99_us",
     "durable_append_p99_ms",
+    "durable_ratio_vs_raw_commit",
     "rebuild_ratio_vs_raw_read",
     "rebuild_snapshot_ms",
     "resume_p99_ms",
@@ -48,6 +49,12 @@ GOALS: dict[str, tuple[str, float, str, str]] = {
     "append_ratio_vs_eventsourcing": (">=", 5.0, "x", "recorder burst ÷ eventsourcing app.save, same batches"),
     "emit_p99_us": ("<=", 20.0, "us", "emit p99, 200 sessions x 20 ev/s"),
     "durable_append_p99_ms": ("<=", 2.0, "ms", "durable append p99 under that load"),
+    "durable_ratio_vs_raw_commit": (
+        "<=",
+        1.5,
+        "x",
+        "durable append p99 under that load ÷ raw asyncpg one-row INSERT + COMMIT p99, same load, same run",
+    ),
     "rebuild_ratio_vs_raw_read": (">=", 0.8, "x", "cold rebuild ÷ raw asyncpg read + orjson decode"),
     "rebuild_snapshot_ms": ("<=", 5.0, "ms", "rebuild from the newest snapshot + tail"),
     "resume_p99_ms": ("<=", 10.0, "ms", "resume (plan + settle + append) of a 1-hour call"),
@@ -292,19 +299,23 @@ class Suite:
         emit_p99: list[float] = []
         durable_p99: list[float] = []
         lag_p99: list[float] = []
+        raw_p99: list[float] = []
+        ratios: list[float] = []
         runs = []
+        raw = await scratch.connect()
         for rep in range(s.sustained_repeats + 1):
             await truncate_calltape(scratch)
             gc.collect()
             seconds = s.sustained_seconds if rep else min(1.0, s.sustained_seconds)
             r = await append.sustained(
-                store, sessions=s.sustained_sessions, rate=s.sustained_rate, seconds=seconds, seed=rep
+                store, sessions=s.sustained_sessions, rate=s.sustained_rate, seconds=seconds, seed=rep, raw=raw
             )
             tag = "warm-up" if rep == 0 else f"repeat {rep}/{s.sustained_repeats}"
             self.log(
                 f"  sustained {tag}: {r.offered / r.seconds:,.0f} ev/s offered, emit p99 "
                 f"{percentile(r.emit_us, 99):.1f} us, durable p99 {percentile(r.durable_ms, 99):.2f} ms "
-                f"(n={len(r.durable_ms)}), commit lag p99 {percentile(r.commit_lag_ms, 99):.1f} ms, "
+                f"(n={len(r.durable_ms)}; raw INSERT + COMMIT p99 {percentile(r.raw_commit_ms, 99):.2f} ms), "
+                f"commit lag p99 {percentile(r.commit_lag_ms, 99):.1f} ms, "
                 f"mean batch {statistics.mean(r.batches):.1f}"
             )
             if rep == 0:
@@ -313,7 +324,12 @@ class Suite:
             emit_p99.append(percentile(r.emit_us, 99))
             durable_p99.append(percentile(r.durable_ms, 99))
             lag_p99.append(percentile(r.commit_lag_ms, 99))
-        e, d = Spread.of(emit_p99), Spread.of(durable_p99)
+            raw_p99.append(percentile(r.raw_commit_ms, 99))
+            ratios.append(durable_p99[-1] / raw_p99[-1])
+        await raw.close()
+        e, d, q = Spread.of(emit_p99), Spread.of(durable_p99), Spread.of(ratios)
+        self.result["durable_ratio_vs_raw_commit"] = _r(q.median, 2)
+        self.spread["durable_ratio_vs_raw_commit"] = q
         self.result["emit_p99_us"] = _r(e.median, 2)
         self.result["durable_append_p99_ms"] = _r(d.median, 3)
         self.spread["emit_p99_us"] = e
@@ -330,6 +346,9 @@ class Suite:
             "emit_us_last_repeat": latency_summary(last.emit_us, 2),
             "durable_ms_p99_per_repeat": [_r(x, 3) for x in durable_p99],
             "durable_ms_last_repeat": latency_summary(last.durable_ms),
+            "raw_insert_commit_ms_p99_per_repeat": [_r(x, 3) for x in raw_p99],
+            "raw_insert_commit_ms_last_repeat": latency_summary(last.raw_commit_ms),
+            "durable_ratio_vs_raw_commit_per_repeat": [_r(x, 2) for x in ratios],
             "commit_lag_ms_p99_per_repeat": [_r(x, 2) for x in lag_p99],
             "commit_lag_ms_last_repeat": latency_summary(last.commit_lag_ms),
             "flush_tail_ms": [_r(r.flush_tail_ms, 2) for r in runs],

@@ -23,6 +23,7 @@ HEADLINE_KEYS = {
     "append_ratio_vs_eventsourcing",
     "emit_p99_us",
     "durable_append_p99_ms",
+    "durable_ratio_vs_raw_commit",
     "rebuild_ratio_vs_raw_read",
     "rebuild_snapshot_ms",
     "resume_p99_ms",

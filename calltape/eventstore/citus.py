@@ -765,6 +765,9 @@ class CitusEventStore(PostgresEventStore):
 
     writer_class = CitusWriter
     inline_owner = False
+    durable_lanes = 1
+    """One session's durable append beside the batch (whose worker transactions take up to 8 of the
+    pool's 10 connections)."""
     parallel_shards = 8
     """Worker transactions of one append run side by side, at most this many (the pool keeps 10
     connections; more would open and close connections, each of which Citus connects to its workers)."""

@@ -285,6 +285,9 @@ class PostgresEventStore(SqlEventStore):
     """Whether row-level security holds the connected role (set by ``open_store``): then the database keeps
     the store to its tenant, otherwise calltape filters as on SQLite."""
     writer_class: type[PgWriter] = PgWriter
+    durable_lanes = 4
+    """Appends of different sessions commit side by side, each on a pooled connection of its own (the
+    session rows are the only locks an append takes); four lanes and the batch keep within the pool's 10."""
     """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
     inline_owner = True
     """Whether a read checks the session's tenant inside its own statement (Citus asks first, apart: a

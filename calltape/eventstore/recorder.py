@@ -3,10 +3,14 @@
 ``emit()`` only enqueues (a deque append), so the audio loop never waits on the database. One writer
 task per process group-commits everything queued, across sessions, in batches bounded by size
 (``max_batch`` events per transaction: on Citus a batch is one transaction per worker node) and time
-(``max_delay``). A durable append skips the wait and resolves once its batch
-has committed. When the database is unreachable the writer keeps the batch, backs off and retries:
-nothing that ``emit()`` accepted is dropped. Memory is bounded by ``max_pending``; past it ``emit()``
-raises :class:`RecorderFull` (the event was *not* accepted) and ``await put()`` waits for room.
+(``max_delay``). A durable append skips the wait and resolves once its batch has committed. On a store
+whose appends may run side by side (PostgreSQL), a durable append whose session has nothing in the batch
+being written does not wait behind that batch: it commits at once, with whatever its session had queued
+before it, on a connection of its own (the session's *lane*); events of that session emitted meanwhile
+follow it, so each session's order is still its emit order. When the database is unreachable the writer
+keeps the batch, backs off and retries: nothing that ``emit()`` accepted is dropped. Memory is bounded
+by ``max_pending``; past it ``emit()`` raises :class:`RecorderFull` (the event was *not* accepted) and
+``await put()`` waits for room.
 
 Nothing waits forever unless asked to: ``flush()`` waits only for what was accepted before it was
 called (so it returns under sustained load), ``close()`` gives the database ``close_timeout`` seconds
@@ -102,6 +106,7 @@ class Recorder:
         close_timeout: float | None = 30.0,
         durable_timeout: float | None = 10.0,
         redactor: Redactor | None = None,
+        durable_lanes: int | None = None,
     ) -> None:
         self.store = store
         self.max_batch = max_batch
@@ -119,6 +124,20 @@ class Recorder:
         rules = redactor if redactor is not None else getattr(store, "redactor", None)
         self._redacting: RedactingStream | None = rules.stream() if rules is not None else None
         self.stats = RecorderStats()
+        self.durable_lanes = int(getattr(store, "durable_lanes", 0)) if durable_lanes is None else durable_lanes
+        """How many sessions' durable appends may commit at once beside the batch in flight (see the
+        module's text); past that a durable append follows the batch, as with 0 (no lanes). The default
+        is the store's: a few on PostgreSQL (each lane holds a pooled connection while it writes), none on
+        SQLite, whose writers take turns on one file lock anyway (a lane would only add transactions)."""
+        self._busy: set[str] = set()
+        """Sessions of the batch the writer task is writing now: their durable appends follow it."""
+        self._lanes: dict[str, list[_Pending]] = {}
+        """Sessions whose lane is writing: what each emitted since, in order, to be written after it."""
+        self._lane_batches: dict[str, list[_Pending]] = {}
+        """What each lane is writing now."""
+        self._lane_held = 0
+        """Events in lanes (being written or waiting to follow): counted against ``max_pending``."""
+        self._lane_tasks: set[asyncio.Task[None]] = set()
         self._queue: deque[_Pending] = deque()
         self._inflight = 0
         self._inflight_batch: list[_Pending] = []
@@ -184,6 +203,11 @@ class Recorder:
                     spilled = self._unwritten()
         finally:
             self._closed = True
+            for lane in list(self._lane_tasks):
+                lane.cancel()
+            for lane in list(self._lane_tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lane
             if self._task is not None:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -199,8 +223,13 @@ class Recorder:
 
     def _unwritten(self) -> list[_Pending]:
         self._release_held()
-        pendings = [p for p in (*self._inflight_batch, *self._queue) if not p.withdrawn]
+        lanes = [p for batch in self._lane_batches.values() for p in batch]
+        lanes += [p for follow in self._lanes.values() for p in follow]
+        pendings = [p for p in (*self._inflight_batch, *lanes, *self._queue) if not p.withdrawn]
         self._queue.clear()
+        for follow in self._lanes.values():
+            self._lane_held -= len(follow)
+            follow.clear()
         return pendings
 
     @staticmethod
@@ -231,14 +260,14 @@ class Recorder:
     def pending(self) -> int:
         """Events accepted and not yet committed (queued, held back by redaction, and being written)."""
         held = self._redacting.holding if self._redacting is not None else 0
-        return len(self._queue) + self._inflight + held
+        return len(self._queue) + self._inflight + self._lane_held + held
 
     @property
     def commit_lag(self) -> float:
         """Seconds the oldest event not yet committed has waited since it was accepted (0 when none
         waits): a few milliseconds while the database keeps up, growing through an outage."""
-        oldest = self._inflight_batch[0] if self._inflight_batch else (self._queue[0] if self._queue else None)
-        return max(0.0, time.monotonic() - oldest.accepted) if oldest is not None else 0.0
+        heads = [b[0] for b in (self._inflight_batch, self._queue, *self._lane_batches.values()) if b]
+        return max(0.0, time.monotonic() - min(p.accepted for p in heads)) if heads else 0.0
 
     # -- accepting ---------------------------------------------------------------------------
 
@@ -246,11 +275,13 @@ class Recorder:
         """Enqueues one validated event; never waits. Raises RecorderFull past ``max_pending``."""
         if self._closed:
             raise RecorderClosed("the recorder is closed")
-        if len(self._queue) + self._inflight >= self.max_pending:
+        if len(self._queue) + self._inflight + self._lane_held >= self.max_pending:
             self._room.clear()
             raise RecorderFull(f"the recorder already holds {self.max_pending} unwritten events")
         queue = self._queue
-        if self._redacting is None:
+        if self._lanes:
+            self._enqueue([_Pending(e) for e in self._push(event)])
+        elif self._redacting is None:
             queue.append(_Pending(event))
         else:
             queue.extend(_Pending(e) for e in self._redacting.push(event))
@@ -299,22 +330,106 @@ class Recorder:
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         pending = _Pending(event, done)
         if self._redacting is None:
-            self._queue.append(pending)
+            ready = [pending]
         else:
             # A durable event goes out now, with whatever its session had held back before it.
-            ready = self._redacting.push(event) + self._redacting.release(event.session)
-            for e in ready:
+            ready = []
+            for e in self._redacting.push(event) + self._redacting.release(event.session):
                 if e.id == event.id:
                     pending.event = e
-                    self._queue.append(pending)
+                    ready.append(pending)
                 else:
-                    self._queue.append(_Pending(e))
+                    ready.append(_Pending(e))
         self._accepted += 1
-        self._durable += 1
+        session = event.session
+        if session in self._lanes:
+            self._enqueue(ready)  # follows its session's lane write, right after it
+        elif session in self._busy or len(self._lanes) >= self.durable_lanes or len(self._queue) > self._batch_cap:
+            # Follows its session's events in the batch being written (or every lane is taken, or the
+            # writer is a batch or more behind: a lane would first search that whole queue, in the caller).
+            self._queue.extend(ready)
+            self._durable += 1
+            self._hurry.set()
+            self._wake.set()
+        else:
+            self._open_lane(session, ready)
         self._idle.clear()
-        self._hurry.set()
-        self._wake.set()
         return self._committed(pending, timeout)
+
+    def _push(self, event: Event) -> list[Event]:
+        """The events ``event`` lets out: itself, or what redaction releases with it."""
+        return [event] if self._redacting is None else self._redacting.push(event)
+
+    def _enqueue(self, pendings: Sequence[_Pending]) -> None:
+        """Queues for the writer task, or behind its session's lane while that lane writes."""
+        lanes = self._lanes
+        for pending in pendings:
+            follow = lanes.get(pending.event.session) if lanes else None
+            if follow is None:
+                self._queue.append(pending)
+                if pending.done is not None:
+                    self._durable += 1
+                    self._hurry.set()
+            else:
+                follow.append(pending)
+                self._lane_held += 1
+        self._wake.set()
+
+    def _open_lane(self, session: str, ready: list[_Pending]) -> None:
+        """Writes ``session``'s queued events and then ``ready`` (a durable append and what redaction let
+        out with it) at once, beside the batch in flight. Its session has nothing in that batch, so the
+        two never write the same session: order and fencing are decided per session, as before."""
+        batch: list[_Pending] = []
+        if any(p.event.session == session for p in self._queue):
+            keep: list[_Pending] = []
+            for p in self._queue:
+                if p.event.session != session:
+                    keep.append(p)
+                elif not p.withdrawn:
+                    batch.append(p)
+                    if p.done is not None:
+                        self._durable -= 1
+            self._queue.clear()
+            self._queue.extend(keep)
+        others = [p for p in ready if p.event.session != session]  # (redaction keeps to one session)
+        batch += [p for p in ready if p.event.session == session]
+        self._lanes[session] = []
+        self._lane_held += len(batch)
+        if others:
+            self._enqueue(others)
+        task = asyncio.create_task(self._lane(session, batch), name="calltape-recorder-lane")
+        self._lane_tasks.add(task)
+        task.add_done_callback(self._lane_tasks.discard)
+
+    async def _lane(self, session: str, batch: list[_Pending]) -> None:
+        """One session's lane: writes its batch, then what followed it while a durable append is among
+        those; hands the rest back to the writer task (group commit) and closes."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._lane_batches[session] = batch
+                live = [p for p in batch if not p.withdrawn]
+                if live:
+                    await self._write(live, loop)
+                self._lane_held -= len(batch)
+                self._lane_batches.pop(session, None)
+                batch = []
+                follow = self._lanes[session]
+                if not any(p.done is not None and not p.withdrawn for p in follow):
+                    break
+                batch, self._lanes[session] = follow, []
+        finally:
+            self._lane_held -= len(batch)
+            self._lane_batches.pop(session, None)
+            follow = self._lanes.pop(session, [])
+            self._lane_held -= len(follow)
+            live = [p for p in follow if not p.withdrawn]
+            if live:
+                self._queue.extend(live)
+                self._durable += sum(1 for p in live if p.done is not None)
+                self._wake.set()
+            if not self._room.is_set() and self.pending < self.max_pending:
+                self._room.set()
 
     async def _committed(self, pending: _Pending, timeout: float | None) -> Event:
         done = pending.done
@@ -327,10 +442,12 @@ class Recorder:
         except TimeoutError:
             if done.done():
                 return done.result()
-            withdrawn = pending in self._queue
+            queued = pending in self._queue
+            withdrawn = queued or pending in self._lanes.get(pending.event.session, ())
             if withdrawn:
                 pending.withdrawn = True
-                self._durable -= 1
+                if queued:
+                    self._durable -= 1
                 self._finish(1)
             raise DurableAppendTimeout(timeout, withdrawn) from None
 
@@ -373,7 +490,7 @@ class Recorder:
         """Queues what redaction held back (everything, or what waited longer than ``older_than_ms``)."""
         if self._redacting is not None and self._redacting.holding:
             released = self._redacting.release(older_than_ms=older_than_ms)
-            self._queue.extend(_Pending(e) for e in released)
+            self._enqueue([_Pending(e) for e in released])
             if released:
                 self._wake.set()
 
@@ -428,7 +545,10 @@ class Recorder:
                 self._durable -= sum(1 for p in batch if p.done is not None)
                 self._inflight = n
                 self._inflight_batch = batch
+                if self.durable_lanes:
+                    self._busy = {p.event.session for p in batch}
                 await self._write(batch, loop)
+                self._busy = set()
                 self._inflight = 0
                 self._inflight_batch = []
                 if not self._room.is_set() and self.pending < self.max_pending:

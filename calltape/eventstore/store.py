@@ -295,6 +295,10 @@ class EventStore(EventWriter, EventReader, StoreAdmin):
     sessions without a tenant, unless :attr:`all_tenants`; see :mod:`.tenancy`)."""
     all_tenants: bool = False
     """Opened for every tenant (``tenant="*"``, the operator's): sees and writes every session."""
+    durable_lanes: int = 0
+    """How many appends of other sessions may commit on this store beside the recorder's batch in flight,
+    each on a connection of its own: the recorder writes that many sessions' durable appends in lanes
+    of their own instead of behind the batch. SQLite's writers take turns on one file lock: none."""
     write_groups: int = 1
     """How many transactions one append of many sessions commits side by side, each over its own share of
     the events (Citus: one per worker node holding shards). A recorder batch holds ``max_batch`` events
