@@ -166,7 +166,7 @@ def _compare(args: argparse.Namespace, path: Path, n: int, tmp: str, figures: di
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=here, check=False)
 
 
-def _peak_memory(events: int, tmp: Path, figures: dict[str, object]) -> None:
+def peak_memory(events: int, tmp: Path, figures: dict[str, object]) -> None:
     """``import_peak_rss_mb`` (events without ids) and ``..._with_ids``, each into a fresh SQLite file."""
     per = 2000
     sessions = max(1, events // per)
@@ -195,7 +195,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "calls.jsonl"
         if args.rss_events:
-            _peak_memory(args.rss_events, Path(tmp), figures)
+            peak_memory(args.rss_events, Path(tmp), figures)
             if args.only_rss:
                 print(json.dumps(figures, indent=2))
                 return

@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ HEADLINE_KEYS = (
     "sqlite_append_ratio_vs_raw",
     "turn_checkpoint_ratio_vs_session_continuity",
     "resume_ratio_vs_session_continuity",
+    "import_peak_rss_mb",
 )
 
 # (key, comparison, goal, unit, what)
@@ -77,6 +79,12 @@ GOALS: dict[str, tuple[str, float, str, str]] = {
         "x",
         "pipecat-session-continuity's load + restore p50 ÷ calltape's resume p50, SQLite, 1,000 turns (--quick: 50)",
     ),
+    "import_peak_rss_mb": (
+        "<=",
+        200.0,
+        "MB",
+        "peak RSS of `calltape import` of 1M events without ids into SQLite (--quick: 20k)",
+    ),
 }
 
 
@@ -110,6 +118,7 @@ class Sizes:
     peer_turns: tuple[int, ...]
     peer_repeats: int
     peer_resumes: int
+    import_events: int
 
 
 QUICK = Sizes(
@@ -141,6 +150,7 @@ QUICK = Sizes(
     peer_turns=(10, 50),
     peer_repeats=1,
     peer_resumes=5,
+    import_events=20_000,
 )
 
 FULL = Sizes(
@@ -172,6 +182,7 @@ FULL = Sizes(
     peer_turns=(10, 100, 1_000),
     peer_repeats=3,
     peer_resumes=20,
+    import_events=1_000_000,
 )
 
 
@@ -225,6 +236,7 @@ class Suite:
                     ("scale", self.scale),
                     ("sqlite", self.sqlite),
                     ("peer", self.peer),
+                    ("import", self.import_memory),
                 ):
                     if not self.wants(name):
                         continue
@@ -543,6 +555,16 @@ class Suite:
         self.spread["resume_ratio_vs_session_continuity"] = restore
         self.details["peer"] = peer.details(results)
 
+    async def import_memory(self, store: Any, scratch: Any, app: Any) -> None:
+        from bench import importing
+
+        figures: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            # a subprocess of its own (the kernel's peak of that process): run off this loop
+            await asyncio.to_thread(importing.peak_memory, self.sizes.import_events, Path(tmp), figures)
+        self.result["import_peak_rss_mb"] = figures["import_peak_rss_mb"]
+        self.details["import"] = figures
+
     # -- output --------------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
@@ -683,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated subset: append,latency,read,resume,interrupt,scale,sqlite,peer "
+        help="comma-separated subset: append,latency,read,resume,interrupt,scale,sqlite,peer,import "
         "(every key is still written)",
     )
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ HEADLINE_KEYS = {
     "resume_growth_200k_vs_10k",
     "turn_checkpoint_ratio_vs_session_continuity",
     "resume_ratio_vs_session_continuity",
+    "import_peak_rss_mb",
 }
 
 
@@ -72,6 +73,9 @@ def test_quick_bench_completes_and_reports_every_key(pg_admin_url: str, tmp_path
     curve = figures["details"]["peer"]["curve"]
     assert [p["turns"] for p in curve] == [10, 50]
     assert all(p["peer_checkpoint"]["n"] == p["turns"] == p["calltape_turn_durable"]["n"] for p in curve)
+    imported = figures["details"]["import"]  # a subprocess's own peak, with and without ids
+    assert imported["rss_events"] == 20_000
+    assert 10 < imported["import_peak_rss_mb"] < 1000 and 10 < imported["import_peak_rss_mb_with_ids"] < 1000
 
 
 def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: str) -> None:
@@ -84,10 +88,3 @@ def test_import_bench_reports_speed_and_compares_with_a_revision(pg_admin_url: s
         assert figures[f"{backend}_import_events_per_s_median"] > 0
         assert figures[f"{backend}_baseline_events_per_s_median"] > 0
         assert len(figures[f"{backend}_runs_s"]["baseline"]) == 1
-
-
-def test_import_bench_measures_the_peak_memory_of_an_import(pg_admin_url: str) -> None:
-    proc = _bench("bench.importing", "--only-rss", "--rss-events", "4000", "--db", pg_admin_url, timeout=300)
-    figures = json.loads(proc.stdout[proc.stdout.index("{") :])
-    assert figures["rss_events"] == 4000
-    assert 10 < figures["import_peak_rss_mb"] < 1000 and 10 < figures["import_peak_rss_mb_with_ids"] < 1000
