@@ -9,7 +9,7 @@ from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, log
 from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
 from calltape.runtime.session import CallInterceptor, CallSession, EventListener, Verdict
 from calltape.runtime.stats import merge_stats, session_stats
-from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
+from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOptions, ToolOutcome, ToolSpec, canonical_arguments
 
 __all__ = [
     "DEFAULT_EFFECT_TIMEOUT",
@@ -34,6 +34,7 @@ __all__ = [
     "ResumePlan",
     "ToolDecision",
     "ToolHost",
+    "ToolOptions",
     "ToolOutcome",
     "ToolSpec",
     "Verdict",

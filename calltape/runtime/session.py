@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, EventData, make_event
@@ -27,7 +27,7 @@ from calltape.projections import ContextFold, ToolCallState, build_context, rend
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
-from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
+from calltape.runtime.toolspec import ToolBody, ToolOptions, ToolOutcome, ToolSpec
 from calltape.runtime.waits import PlayoutWaiters
 
 log = logging.getLogger(__name__)
@@ -455,20 +455,14 @@ class CallSession:
     # -- the runtime --------------------------------------------------------------------------
 
     async def run_tool(
-        self,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        body: ToolBody,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
+        self, call_id: str, name: str, arguments: Any, body: ToolBody, **options: Unpack[ToolOptions]
     ) -> ToolOutcome:
-        """Runs a tool call under the log's protection (SPEC section 3)."""
+        """Runs a tool call under the log's protection (SPEC section 3): ``reply=`` names the reply that
+        asked for it, ``spec=`` overrides the spec registered for ``name`` (see :class:`ToolOptions`)."""
         if self._interceptor is None:
-            return await self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+            return await self.runner.run(call_id, name, arguments, body, **options)
         return await self._interceptor.around_tool(
-            call_id, name, lambda: self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+            call_id, name, lambda: self.runner.run(call_id, name, arguments, body, **options)
         )
 
     def interrupt(self, reply: str | None = None, *, cause: str = "user_speech", heard: str | None = None) -> Event:
