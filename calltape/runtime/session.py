@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, cast
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, EventData, make_event
@@ -62,6 +62,24 @@ class CallInterceptor:
         """Wraps one :meth:`CallSession.run_tool`: ``run()`` asks the call's current tool runner
         (it may be awaited again, e.g. on the resumed call after a drop)."""
         return await run()
+
+
+class StartOptions(TypedDict, total=False):
+    """The keyword options of a new call (:meth:`CallSession.start`, ``Calltape.start_call``), beside
+    its ``agent``: stated once, so the two cannot drift apart. What is given lands in ``session.started``."""
+
+    instructions: str | None
+    """The agent's system instructions (the context's first item)."""
+    modality: Literal["voice", "text"]
+    """``voice`` (replies are heard: the default) or ``text`` (replies are read)."""
+    tenant: str | None
+    """The call's tenant; it must agree with the store (SPEC section 6)."""
+    framework: str | None
+    """The framework that runs the agent (an adapter sets it)."""
+    metadata: Mapping[str, Any] | None
+    """The application's own data about the call."""
+    tools: Mapping[str, ToolSpec] | None
+    """The call's tool specs by tool name."""
 
 
 class CallSession:
@@ -133,25 +151,18 @@ class CallSession:
         session_id: str,
         *,
         agent: str,
-        instructions: str | None = None,
-        modality: str = "voice",
-        tenant: str | None = None,
-        framework: str | None = None,
-        metadata: EventData = None,
-        tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        **options: Unpack[StartOptions],
     ) -> CallSession:
         """Opens a new session (epoch 1); ``session.started`` is durable when this returns."""
+        tools = options.get("tools")
         call = cls(recorder, session_id, ContextFold(session_id), agent=agent, epoch=1, tools=tools, bus=bus)
-        data: dict[str, Any] = {"agent": agent, "modality": modality}
-        for key, value in (
-            ("instructions", instructions),
-            ("tenant", tenant),
-            ("framework", framework),
-            ("metadata", dict(metadata) if metadata is not None else None),
-        ):
+        data: dict[str, Any] = {"agent": agent, "modality": options.get("modality", "voice")}
+        given: Mapping[str, Any] = options
+        for key in ("instructions", "tenant", "framework", "metadata"):
+            value = given.get(key)
             if value is not None:
-                data[key] = value
+                data[key] = dict(value) if key == "metadata" else value
         await call.emit_durable("session.started", data)
         return call
 
