@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, Unpack
 
 from calltape.errors import CalltapeError
 from calltape.loopclock import settle
@@ -26,9 +26,26 @@ if TYPE_CHECKING:
     from calltape.projections import ContextFold
     from calltape.runtime import CallSession, ResumePlan, ToolSpec
     from calltape.runtime.recovery import RecoveryBus
+    from calltape.runtime.session import StartOptions
 
 Modality = Literal["voice", "text"]
 """A session's modality: ``voice`` (replies are heard) or ``text`` (replies are read)."""
+
+
+class ConnectOptions(TypedDict, total=False):
+    """The keyword options of :func:`connect` (what they mean is told there), which hands them to
+    :class:`Calltape` (whose defaults apply): stated once, so the two cannot drift apart."""
+
+    upgrade_schema: bool | None
+    max_batch: int
+    max_delay: float
+    max_pending: int
+    on_rejected: RejectHandler | None
+    close_timeout: float | None
+    durable_timeout: float | None
+    spill_dir: Path | None
+    bus: RecoveryBus | None
+    tenant: str | None
 
 
 class Resumed(NamedTuple):
@@ -154,18 +171,7 @@ class Calltape:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def start_call(
-        self,
-        session_id: str,
-        *,
-        agent: str,
-        instructions: str | None = None,
-        modality: Modality = "voice",
-        tenant: str | None = None,
-        framework: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        tools: Mapping[str, ToolSpec] | None = None,
-    ) -> CallSession:
+    async def start_call(self, session_id: str, *, agent: str, **options: Unpack[StartOptions]) -> CallSession:
         """Starts a new call (``session.started`` is committed when this returns) and returns it.
 
         ``tenant`` must agree with the store (SPEC section 6): a store opened for a tenant gives the call its
@@ -173,18 +179,7 @@ class Calltape:
         for every tenant (``"*"``) starts a call of any tenant."""
         from calltape.runtime import CallSession
 
-        call = await CallSession.start(
-            self.recorder,
-            session_id,
-            agent=agent,
-            instructions=instructions,
-            modality=modality,
-            tenant=tenant,
-            framework=framework,
-            metadata=metadata,
-            tools=tools,
-            bus=self._bus,
-        )
+        call = await CallSession.start(self.recorder, session_id, agent=agent, bus=self._bus, **options)
         self.calls[session_id] = call
         return call
 
@@ -235,20 +230,7 @@ class Calltape:
         return await build_context(self.store, session_id, at=at)
 
 
-def connect(
-    url: str | None = None,
-    *,
-    upgrade_schema: bool | None = None,
-    max_batch: int = 1000,
-    max_delay: float = 0.004,
-    max_pending: int = 100_000,
-    on_rejected: RejectHandler | None = None,
-    close_timeout: float | None = 30.0,
-    durable_timeout: float | None = 10.0,
-    spill_dir: Path | None = None,
-    bus: RecoveryBus | None = None,
-    tenant: str | None = None,
-) -> Calltape:
+def connect(url: str | None = None, **options: Unpack[ConnectOptions]) -> Calltape:
     """Connects to a calltape store: ``async with calltape.connect(url) as ct`` or ``await connect(url)``.
 
     ``url`` is ``postgresql://…``, ``sqlite:///path/to/calls.db`` or ``sqlite:///:memory:`` (a private
@@ -260,16 +242,4 @@ def connect(
     ``durable_timeout`` how long a durable append waits. ``tenant`` (default ``$CALLTAPE_TENANT``) opens
     the store for one tenant: its calls are that tenant's, and it sees no other tenant's sessions.
     """
-    return Calltape(
-        url,
-        upgrade_schema=upgrade_schema,
-        max_batch=max_batch,
-        max_delay=max_delay,
-        max_pending=max_pending,
-        on_rejected=on_rejected,
-        close_timeout=close_timeout,
-        durable_timeout=durable_timeout,
-        spill_dir=spill_dir,
-        bus=bus,
-        tenant=tenant,
-    )
+    return Calltape(url, **options)

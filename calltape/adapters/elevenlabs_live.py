@@ -41,7 +41,7 @@ import concurrent.futures
 import inspect
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from calltape.adapters.replies import ReplyTracker
 from calltape.runtime.toolspec import ToolOutcome, ToolSpec
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from calltape.client import Calltape
     from calltape.runtime import CallSession
 
-__all__ = ["ElevenLabsTap", "tap_elevenlabs"]
+__all__ = ["ElevenLabsTap", "TapOptions", "tap_elevenlabs"]
 
 log = logging.getLogger(__name__)
 
@@ -341,18 +341,20 @@ class ElevenLabsTap:
             await call.end(reason)
 
 
-def tap_elevenlabs(
-    ct: Calltape,
-    conversation: Any,
-    *,
-    agent: str | None = None,
-    session_prefix: str = "",
-    tools: Mapping[str, ToolSpec] | None = None,
-) -> ElevenLabsTap:
+class TapOptions(TypedDict, total=False):
+    """The keyword options of :func:`tap_elevenlabs` (what they mean is told there), which hands them to
+    :class:`ElevenLabsTap` (whose defaults apply): stated once, so the two cannot drift apart."""
+
+    agent: str | None
+    session_prefix: str
+    tools: Mapping[str, ToolSpec] | None
+
+
+def tap_elevenlabs(ct: Calltape, conversation: Any, **options: Unpack[TapOptions]) -> ElevenLabsTap:
     """Taps an ElevenLabs ``Conversation`` or ``AsyncConversation`` before its ``start_session()``.
 
     Call it on the event loop that owns ``ct`` (the tap records there, whatever thread the SDK calls
     from). ``agent`` names the agent in the log (default: the conversation's agent id);
     ``session_prefix`` must match ``calltape serve``'s if the post-call webhook goes there too; ``tools``
     sets the client tools' :class:`~calltape.runtime.ToolSpec` (timeout, interruption policy)."""
-    return ElevenLabsTap(ct, conversation, agent=agent, session_prefix=session_prefix, tools=tools)
+    return ElevenLabsTap(ct, conversation, **options)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from calltape.cli.common import note, opened_store, parse_when, require_session, run, state, write_json
+from calltape.cli.common import note, opened_store, require_session, run, state, write_json
+from calltape.cli.filters import SweepSince, sweep_since, swept
 from calltape.errors import CliError
 
 if TYPE_CHECKING:
@@ -90,15 +91,7 @@ def check(
         ),
     ] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="Check every session in the database.")] = False,
-    since: Annotated[
-        str | None,
-        typer.Option(
-            "--since",
-            metavar="DURATION",
-            help="With --all: only sessions with events in the last DURATION (30m, 24h, 7d) or since a time.",
-            show_default=False,
-        ),
-    ] = None,
+    since: SweepSince = None,
     rule_ids: Annotated[
         list[str] | None,
         typer.Option("--rule", metavar="RULE", help="Check only this rule (repeatable).", show_default=False),
@@ -136,13 +129,11 @@ def check(
         raise CliError("give SESSION..., --file FILE or --all (see 'calltape check --help')")
     if sum(chosen) > 1:
         raise CliError("give only one of SESSION..., --file FILE and --all")
-    if since is not None and not all_sessions:
-        raise CliError("--since goes with --all")
+    since_ms = sweep_since(all_sessions, since)
     for rule_id in rule_ids or []:
         if rule_id not in RULES:
             raise CliError(f"unknown rule '{rule_id}' (the rules are: {', '.join(RULES)})")
     options = CheckOptions(talk_over_ms=talk_over_ms, stale_after_ms=parse_duration(stale_after, "--stale-after"))
-    since_ms = parse_when(since, "--since") if since is not None else None
     rules = rule_ids or None
     printer = _Printer(json_out)
 
@@ -169,7 +160,7 @@ async def _names(
     """The sessions to check (in order of their start) and how many events they hold."""
     async with opened_store(ctx) as store:
         if all_sessions:
-            infos = await store.sessions(since_ms=since_ms, order="first_at", descending=False)
+            infos = await swept(store, since_ms)
             return [i.session for i in infos], sum(i.last_seq for i in infos)
         names = list(dict.fromkeys(names))
         total = 0

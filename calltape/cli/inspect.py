@@ -24,13 +24,13 @@ from calltape.cli.common import (
     one_of,
     opened_store,
     out,
-    parse_when,
     require_session,
     run,
     shorten,
     within,
     write_json,
 )
+from calltape.cli.filters import AgentFilter, SinceFilter, TenantFilter, UntilFilter, session_window
 from calltape.errors import CliError
 
 if TYPE_CHECKING:
@@ -67,18 +67,8 @@ def _session_json(info: SessionInfo) -> dict[str, Any]:
 
 def sessions(
     ctx: typer.Context,
-    agent: Annotated[
-        str | None, typer.Option(metavar="NAME", help="Only sessions whose current agent is this one.")
-    ] = None,
-    of_tenant: Annotated[
-        str | None,
-        typer.Option(
-            "--of-tenant",
-            metavar="NAME",
-            help="Only this tenant's sessions: a filter over what the store shows (with --all-tenants, any "
-            "tenant's); --tenant opens the store for one tenant.",
-        ),
-    ] = None,
+    agent: AgentFilter = None,
+    of_tenant: TenantFilter = None,
     status: Annotated[
         str | None,
         typer.Option(
@@ -88,13 +78,8 @@ def sessions(
             autocompletion=completer("active", "ended", "dropped"),
         ),
     ] = None,
-    since: Annotated[
-        str | None,
-        typer.Option(metavar="WHEN", help="Only sessions active at or after WHEN: RFC 3339, a date, or 30m/2h/7d ago."),
-    ] = None,
-    until: Annotated[
-        str | None, typer.Option(metavar="WHEN", help="Only sessions that began at or before WHEN.")
-    ] = None,
+    since: SinceFilter = None,
+    until: UntilFilter = None,
     sort: Annotated[
         str,
         typer.Option(
@@ -109,8 +94,7 @@ def sessions(
     json_out: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """List sessions with their summary: agent, tenant, status, events, epoch, times."""
-    since_ms = parse_when(since, "--since") if since else None
-    until_ms = parse_when(until, "--until") if until else None
+    since_ms, until_ms = session_window(since, until)
 
     async def fetch() -> list[SessionInfo]:
         async with opened_store(ctx) as store:

@@ -26,7 +26,6 @@ from calltape.cli.common import (
     one_of,
     opened_store,
     out,
-    parse_when,
     require_session,
     run,
     shorten,
@@ -34,6 +33,7 @@ from calltape.cli.common import (
     write_json,
 )
 from calltape.cli.dberrors import database_errors
+from calltape.cli.filters import AgentFilter, SinceFilter, TenantFilter, UntilFilter, session_window
 from calltape.errors import CliError
 
 if TYPE_CHECKING:
@@ -262,19 +262,10 @@ def stats(
     session: Annotated[
         str | None, typer.Argument(metavar="SESSION", help="One session (default: totals over sessions).")
     ] = None,
-    agent: Annotated[str | None, typer.Option(metavar="NAME", help="Totals: only this agent's sessions.")] = None,
-    of_tenant: Annotated[
-        str | None,
-        typer.Option(
-            "--of-tenant",
-            metavar="NAME",
-            help="Totals: only this tenant's sessions (a filter; --tenant opens the store for one tenant).",
-        ),
-    ] = None,
-    since: Annotated[
-        str | None, typer.Option(metavar="WHEN", help="Totals: sessions active since WHEN (RFC 3339, date, 2h, 7d).")
-    ] = None,
-    until: Annotated[str | None, typer.Option(metavar="WHEN", help="Totals: sessions begun by WHEN.")] = None,
+    agent: AgentFilter = None,
+    of_tenant: TenantFilter = None,
+    since: SinceFilter = None,
+    until: UntilFilter = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Figures from the log: counts, tool outcomes, effects, recoveries and the voice latencies of a call or many.
@@ -282,9 +273,9 @@ def stats(
     Events, interruptions, tool outcomes and durations, effects by name and outcome, drops, resumes,
     handoffs, the recoveries calltape performed (late results delivered, duplicates prevented, fenced
     writes, timeouts, …), and the voice latencies (p50/p95/p99): user stopped speaking to agent speech,
-    interruption to agent silent, reply to first text, and tool durations by name."""
-    since_ms = parse_when(since, "--since") if since else None
-    until_ms = parse_when(until, "--until") if until else None
+    interruption to agent silent, reply to first text, and tool durations by name. Without SESSION, the
+    totals are over the sessions the filters select, as calltape sessions lists them."""
+    since_ms, until_ms = session_window(since, until)
 
     async def compute() -> dict[str, Any]:
         from calltape.cli.progress import meter

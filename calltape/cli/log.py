@@ -34,6 +34,7 @@ from calltape.cli.common import (
     within,
     write_json,
 )
+from calltape.cli.filters import SweepSince, sweep_since, swept
 from calltape.cli.reading import Batch, Problems, ReaderProcess, Source, batches, open_sources
 from calltape.errors import CalltapeError, CliError
 from calltape.gcpause import BULK, gc_paused
@@ -360,13 +361,7 @@ def export_events(
         list[str] | None, typer.Argument(metavar="SESSION", help="The sessions (call ids) to export.")
     ] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="Export every session.")] = False,
-    since: Annotated[
-        str | None,
-        typer.Option(
-            metavar="WHEN",
-            help="With --all: only sessions active since WHEN (RFC 3339, date, 30m/2h/7d ago).",
-        ),
-    ] = None,
+    since: SweepSince = None,
     session_file: Annotated[
         str | None,
         typer.Option("--session-file", metavar="FILE", help="Also export the ids listed in FILE, one per line."),
@@ -412,7 +407,6 @@ def export_events(
     The output round-trips: importing it into an empty store reproduces the sessions. With --otlp the
     calls go to a tracing tool (Langfuse, Phoenix, an OpenTelemetry Collector) instead.
     """
-    from calltape.cli.common import parse_when
     from calltape.cli.progress import meter
 
     chosen = list(sessions or [])
@@ -420,13 +414,11 @@ def export_events(
         chosen += _session_file(session_file)
     if all_sessions and chosen:
         raise CliError("give sessions or --all, not both")
-    if since is not None and not all_sessions:
-        raise CliError("--since goes with --all")
+    since_ms = sweep_since(all_sessions, since)
     if not all_sessions and not chosen:
         raise CliError("name the sessions to export, or use --all (see 'calltape export --help')")
     if to is not None and (all_sessions or len(chosen) != 1):
         raise CliError("--to needs exactly one session")
-    since_ms = parse_when(since, "--since") if since is not None else None
     chosen = list(dict.fromkeys(chosen))
     if not otlp and (otlp_endpoint is not None or content):
         raise CliError("--otlp-endpoint and --content go with --otlp")
@@ -435,7 +427,7 @@ def export_events(
     async def dump() -> None:
         async with opened_store(ctx) as store:
             if all_sessions:
-                infos = await store.sessions(since_ms=since_ms, order="first_at", descending=False)
+                infos = await swept(store, since_ms)
                 names = [i.session for i in infos]
             else:
                 names = chosen

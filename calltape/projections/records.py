@@ -1,13 +1,14 @@
 """The records a :class:`~calltape.projections.fold.ContextFold` keeps, and the per-record rules.
 
-Plain slotted classes: the fold touches them 100k times per replay. The rules that depend on one
-record alone live here as functions, so the fold, the native rendering and the snapshot codec all
-call the same code: :func:`heard_text` (rule 3) and :func:`call_outcome` (rule 5).
+Slotted classes (a call's is a dataclass that compares by identity, like the others): the fold touches
+them 100k times per replay. The rules that depend on one record alone live here as functions, so the
+fold, the native rendering and the snapshot codec all call the same code: :func:`heard_text` (rule 3)
+and :func:`call_outcome` (rule 5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from calltape.canonical_json import canonical_text
@@ -68,45 +69,25 @@ class Reply:
         self.calls: list[Call] = []
 
 
+@dataclass(slots=True, eq=False)
 class Call:
     """One tool call, attached to its reply (rule 4)."""
 
-    __slots__ = (
-        "arguments",
-        "cancel_outcome",
-        "cancel_reason",
-        "error",
-        "has_progress",
-        "has_result",
-        "id",
-        "included",
-        "name",
-        "order",
-        "output",
-        "progress",
-        "reply",
-        "seq",
-        "started",
-    )
-
-    def __init__(
-        self, cid: str, name: str, arguments: str, reply: Reply, seq: int, included: bool, order: int = 0
-    ) -> None:
-        self.id = cid
-        self.name = name
-        self.arguments = arguments
-        self.reply = reply
-        self.seq = seq
-        self.included = included
-        self.order = order
-        self.started = False
-        self.has_result = False
-        self.output: Any = None
-        self.error = False
-        self.cancel_reason: str | None = None
-        self.cancel_outcome: str | None = None
-        self.has_progress = False
-        self.progress: Any = None
+    id: str
+    name: str
+    arguments: str
+    reply: Reply
+    seq: int
+    included: bool
+    order: int = 0
+    started: bool = field(default=False, init=False)
+    has_result: bool = field(default=False, init=False)
+    output: Any = field(default=None, init=False)
+    error: bool = field(default=False, init=False)
+    cancel_reason: str | None = field(default=None, init=False)
+    cancel_outcome: str | None = field(default=None, init=False)
+    has_progress: bool = field(default=False, init=False)
+    progress: Any = field(default=None, init=False)
 
 
 Item = User | Reply | Handoff

@@ -7,9 +7,9 @@ from calltape.runtime.latency_otel import otel_latency_sink
 from calltape.runtime.protocol import EventSink, FoldedSink, LiveCall, ToolHost
 from calltape.runtime.recovery import Recovery, RecoveryBus, RecoveryStream, logging_sink, recoveries
 from calltape.runtime.resume import ResumePlan, ToolDecision, handoff, resume
-from calltape.runtime.session import CallInterceptor, CallSession, EventListener, Verdict
+from calltape.runtime.session import CallInterceptor, CallSession, EventListener, StartOptions, Verdict
 from calltape.runtime.stats import merge_stats, session_stats
-from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOutcome, ToolSpec, canonical_arguments
+from calltape.runtime.toolspec import DEFAULT_TIMEOUT, ToolOptions, ToolOutcome, ToolSpec, canonical_arguments
 
 __all__ = [
     "DEFAULT_EFFECT_TIMEOUT",
@@ -32,8 +32,10 @@ __all__ = [
     "RecoveryBus",
     "RecoveryStream",
     "ResumePlan",
+    "StartOptions",
     "ToolDecision",
     "ToolHost",
+    "ToolOptions",
     "ToolOutcome",
     "ToolSpec",
     "Verdict",

@@ -21,12 +21,12 @@ the layers below the runtime and the runtime's value modules (``toolspec``, ``re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, Unpack, runtime_checkable
 
 from calltape.events import Event, EventData
 from calltape.projections import ContextFold, ToolCallState
 from calltape.runtime.recovery import Recovery
-from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
+from calltape.runtime.toolspec import ToolBody, ToolOptions, ToolOutcome, ToolSpec
 
 __all__ = ["CallStarter", "EventSink", "FoldedSink", "HasParts", "LiveCall", "ToolHost"]
 
@@ -125,14 +125,7 @@ class LiveCall(ToolHost, Protocol):
         ...
 
     async def run_tool(
-        self,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        body: ToolBody,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
+        self, call_id: str, name: str, arguments: Any, body: ToolBody, **options: Unpack[ToolOptions]
     ) -> ToolOutcome:
         """Runs a tool call under the log's protection (SPEC section 3)."""
         ...

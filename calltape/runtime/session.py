@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, cast
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, EventData, make_event
@@ -27,7 +27,7 @@ from calltape.projections import ContextFold, ToolCallState, build_context, rend
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
-from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec
+from calltape.runtime.toolspec import ToolBody, ToolOptions, ToolOutcome, ToolSpec
 from calltape.runtime.waits import PlayoutWaiters
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,24 @@ class CallInterceptor:
         """Wraps one :meth:`CallSession.run_tool`: ``run()`` asks the call's current tool runner
         (it may be awaited again, e.g. on the resumed call after a drop)."""
         return await run()
+
+
+class StartOptions(TypedDict, total=False):
+    """The keyword options of a new call (:meth:`CallSession.start`, ``Calltape.start_call``), beside
+    its ``agent``: stated once, so the two cannot drift apart. What is given lands in ``session.started``."""
+
+    instructions: str | None
+    """The agent's system instructions (the context's first item)."""
+    modality: Literal["voice", "text"]
+    """``voice`` (replies are heard: the default) or ``text`` (replies are read)."""
+    tenant: str | None
+    """The call's tenant; it must agree with the store (SPEC section 6)."""
+    framework: str | None
+    """The framework that runs the agent (an adapter sets it)."""
+    metadata: Mapping[str, Any] | None
+    """The application's own data about the call."""
+    tools: Mapping[str, ToolSpec] | None
+    """The call's tool specs by tool name."""
 
 
 class CallSession:
@@ -133,25 +151,18 @@ class CallSession:
         session_id: str,
         *,
         agent: str,
-        instructions: str | None = None,
-        modality: str = "voice",
-        tenant: str | None = None,
-        framework: str | None = None,
-        metadata: EventData = None,
-        tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        **options: Unpack[StartOptions],
     ) -> CallSession:
         """Opens a new session (epoch 1); ``session.started`` is durable when this returns."""
+        tools = options.get("tools")
         call = cls(recorder, session_id, ContextFold(session_id), agent=agent, epoch=1, tools=tools, bus=bus)
-        data: dict[str, Any] = {"agent": agent, "modality": modality}
-        for key, value in (
-            ("instructions", instructions),
-            ("tenant", tenant),
-            ("framework", framework),
-            ("metadata", dict(metadata) if metadata is not None else None),
-        ):
+        data: dict[str, Any] = {"agent": agent, "modality": options.get("modality", "voice")}
+        given: Mapping[str, Any] = options
+        for key in ("instructions", "tenant", "framework", "metadata"):
+            value = given.get(key)
             if value is not None:
-                data[key] = value
+                data[key] = dict(value) if key == "metadata" else value
         await call.emit_durable("session.started", data)
         return call
 
@@ -455,20 +466,14 @@ class CallSession:
     # -- the runtime --------------------------------------------------------------------------
 
     async def run_tool(
-        self,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        body: ToolBody,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
+        self, call_id: str, name: str, arguments: Any, body: ToolBody, **options: Unpack[ToolOptions]
     ) -> ToolOutcome:
-        """Runs a tool call under the log's protection (SPEC section 3)."""
+        """Runs a tool call under the log's protection (SPEC section 3): ``reply=`` names the reply that
+        asked for it, ``spec=`` overrides the spec registered for ``name`` (see :class:`ToolOptions`)."""
         if self._interceptor is None:
-            return await self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+            return await self.runner.run(call_id, name, arguments, body, **options)
         return await self._interceptor.around_tool(
-            call_id, name, lambda: self.runner.run(call_id, name, arguments, body, reply=reply, spec=spec)
+            call_id, name, lambda: self.runner.run(call_id, name, arguments, body, **options)
         )
 
     def interrupt(self, reply: str | None = None, *, cause: str = "user_speech", heard: str | None = None) -> Event:

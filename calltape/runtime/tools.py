@@ -8,7 +8,7 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from calltape.errors import EffectNotRun, EffectUnknown
 from calltape.projections import ToolCallState
@@ -17,7 +17,7 @@ from calltape.runtime.effects import GuardedCall, enter_guarded, leave_guarded
 from calltape.runtime.protocol import ToolHost
 from calltape.runtime.recovery import Recovery
 from calltape.runtime.toolspec import *  # noqa: F403 (re-exported, see __all__)
-from calltape.runtime.toolspec import ToolBody, ToolOutcome, ToolSpec, canonical_arguments
+from calltape.runtime.toolspec import ToolBody, ToolOptions, ToolOutcome, ToolSpec, canonical_arguments
 
 # The spec types are re-exported: ``from calltape.runtime.tools import ToolSpec`` keeps working.
 __all__ = ["ToolRunner"]
@@ -51,17 +51,11 @@ class ToolRunner:
         self._not_run: set[str] = set()
 
     async def run(
-        self,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        body: ToolBody,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
+        self, call_id: str, name: str, arguments: Any, body: ToolBody, **options: Unpack[ToolOptions]
     ) -> ToolOutcome:
         """Runs one tool call under the log's protection (see :meth:`CallSession.run_tool`)."""
-        spec = spec or self.call.tools.get(name) or ToolSpec()
+        reply = options.get("reply")
+        spec = options.get("spec") or self.call.tools.get(name) or ToolSpec()
         pending = self._results.get(call_id)
         if pending is not None:  # the same call asked again while it runs: wait for the one run
             self._report("duplicate_prevented", call=call_id, name=name, while_running=True)

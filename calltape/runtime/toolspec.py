@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from calltape.canonical_json import canonical_arguments
 from calltape.projections import ToolCallState
@@ -20,6 +20,7 @@ __all__ = [
     "Progress",
     "Reconcile",
     "ToolBody",
+    "ToolOptions",
     "ToolOutcome",
     "ToolSpec",
     "canonical_arguments",
@@ -57,6 +58,16 @@ class ToolSpec:
             or timeout <= 0
         ):
             raise ValueError("a tool timeout must be a positive, finite number of seconds")
+
+
+class ToolOptions(TypedDict, total=False):
+    """The keyword options of one guarded tool call (``run_tool(..., reply=..., spec=...)``), defined
+    once so that the protocol, the live call, the runner and the replay harness cannot drift apart."""
+
+    reply: str | None
+    """The reply (generation) that asked for the call: a call of an interrupted reply never starts."""
+    spec: ToolSpec | None
+    """How to run it; else the spec registered for the tool's name, else the defaults."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -235,20 +236,29 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             response["results"] = []
         return response
 
-    def authenticate(platform: str, secret: str | None, verify: Callable[[str], bool], what: str) -> None:
+    def authenticate(
+        request: Request,
+        platform: str,
+        secret: str | None,
+        header: str,
+        verify: Callable[[str, str | None], bool],
+        *,
+        dated: bool = True,
+    ) -> None:
         """Refuses the request unless the platform's secret is configured (or unsigned is allowed)
-        and ``verify(secret)`` accepts the request's signature."""
+        and ``verify(secret, signature)`` accepts the signature the request carries in ``header``
+        (a ``dated`` signature, one with a timestamp, may also be refused as too old)."""
         configured(platform, secret)
-        if secret is not None and not verify(secret):
-            raise _Reject(401, f"the {what}")
+        if secret is not None and not verify(secret, request.headers.get(header)):
+            raise _Reject(401, f"the {header} header does not match the body" + (", or is too old" if dated else ""))
 
     async def retell_route(body: bytes, request: Request) -> dict[str, Any]:
-        signature = request.headers.get("x-retell-signature")
         authenticate(
+            request,
             "Retell",
             cfg.retell_api_key,
-            lambda key: verify_retell_signature(body, key, signature),
-            "X-Retell-Signature header does not match the body",
+            "X-Retell-Signature",
+            partial(verify_retell_signature, body),
         )
         payload = _json_object(body)
         session = _session(retell_session(payload, cfg.session_prefix))
@@ -271,24 +281,25 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
             return {"appended": await append(events)}
 
     async def bland_route(body: bytes, request: Request) -> dict[str, Any]:
-        signature = request.headers.get("x-webhook-signature")
         authenticate(
+            request,
             "Bland",
             cfg.bland_secret,
-            lambda secret: verify_bland_signature(body, secret, signature),
-            "X-Webhook-Signature header does not match the body",
+            "X-Webhook-Signature",
+            partial(verify_bland_signature, body),
+            dated=False,
         )
         call = parse_bland(_json_object(body))
         session = _session(cfg.session_prefix + call.call_id)
         return await post_call(session, bland_events(call, session=session))
 
     async def elevenlabs_route(body: bytes, request: Request) -> dict[str, Any]:
-        signature = request.headers.get("elevenlabs-signature")
         authenticate(
+            request,
             "ElevenLabs",
             cfg.elevenlabs_secret,
-            lambda secret: verify_elevenlabs_signature(body, secret, signature),
-            "ElevenLabs-Signature header does not match the body, or is too old",
+            "ElevenLabs-Signature",
+            partial(verify_elevenlabs_signature, body),
         )
         payload = _json_object(body)
         if payload.get("type") != "post_call_transcription":
@@ -301,13 +312,13 @@ def create_app(store: Any, config: ReceiverConfig | None = None, **options: Any)
         ultravox_source = api_messages(cfg.ultravox_api_key)
 
     async def ultravox_route(body: bytes, request: Request) -> dict[str, Any]:
-        signature = request.headers.get("x-ultravox-webhook-signature")
         stamp = request.headers.get("x-ultravox-webhook-timestamp")
         authenticate(
+            request,
             "Ultravox",
             cfg.ultravox_secret,
-            lambda secret: verify_ultravox_signature(body, secret, signature, stamp),
-            "X-Ultravox-Webhook-Signature header does not match the body, or is too old",
+            "X-Ultravox-Webhook-Signature",
+            lambda secret, signature: verify_ultravox_signature(body, secret, signature, stamp),
         )
         payload = _json_object(body)
         call = payload.get("call")

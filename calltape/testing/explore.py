@@ -395,56 +395,27 @@ async def explore(
     Returns every run; :meth:`Exploration.assert_ok` fails a test listing every failing run by rule,
     :meth:`Exploration.report` adds each one's timeline around the seq its rule names.
     """
-    with quieted() as silenced:
-        exploration = await _explore_here(
-            scenario,
-            checks=[assertions] if callable(assertions) else list(assertions or []),
-            agent=agent,
-            options=options,
-            concurrency=concurrency,
-            tools=tools,
-            drops=drops,
-            virtual_time=virtual_time,
-        )
-    exploration.silenced = dict(silenced)
-    return exploration
-
-
-async def _explore_here(
-    scenario: Scenario,
-    *,
-    checks: list[Assertion],
-    agent: str,
-    options: CheckOptions | None,
-    concurrency: int,
-    tools: Mapping[str, ToolSpec] | None,
-    drops: bool,
-    virtual_time: bool,
-) -> Exploration:
-    """:func:`explore` on this loop, or on a virtual clock of its own."""
     from calltape.eventstore import open_store
 
-    if virtual_time:
-        from calltape.testing.virtualtime import run_in_virtual_time
+    checks = [assertions] if callable(assertions) else list(assertions or [])
 
-        return await run_in_virtual_time(
-            lambda: _explore_here(
-                scenario,
-                checks=checks,
-                agent=agent,
-                options=options,
-                concurrency=concurrency,
-                tools=tools,
-                drops=drops,
-                virtual_time=False,
-            )
-        )
-    started = time.perf_counter()
-    store = await open_store("sqlite://")  # one private in-memory store; each run is its own session
-    try:
-        return await _explore(store, scenario, checks, agent, options, concurrency, started, tools, drops)
-    finally:
-        await store.close()
+    async def here() -> Exploration:
+        started = time.perf_counter()
+        store = await open_store("sqlite://")  # one private in-memory store; each run is its own session
+        try:
+            return await _explore(store, scenario, checks, agent, options, concurrency, started, tools, drops)
+        finally:
+            await store.close()
+
+    with quieted() as silenced:
+        if virtual_time:
+            from calltape.testing.virtualtime import run_in_virtual_time
+
+            exploration = await run_in_virtual_time(here)
+        else:
+            exploration = await here()
+    exploration.silenced = dict(silenced)
+    return exploration
 
 
 async def _explore(

@@ -17,7 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 
@@ -27,7 +27,7 @@ from calltape.eventstore import EventStore
 from calltape.eventstore.fork import fork_session
 from calltape.projections import ContextFold
 from calltape.runtime import CallSession, ToolOutcome, ToolSpec, canonical_arguments
-from calltape.runtime.toolspec import ToolBody
+from calltape.runtime.toolspec import ToolBody, ToolOptions
 
 __all__ = ["Divergence", "RecordedCall", "RecordedToolError", "Replay", "ReplayAgent", "UnrecordedCall", "replay"]
 
@@ -104,19 +104,10 @@ class RecordedCall:
         return body
 
     async def run_tool(
-        self,
-        call: CallSession,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        *,
-        reply: str | None = None,
-        spec: ToolSpec | None = None,
+        self, call: CallSession, call_id: str, name: str, arguments: Any, **options: Unpack[ToolOptions]
     ) -> ToolOutcome:
         """Runs the call under calltape's guard, answered from the record (see :meth:`answer`)."""
-        return await call.run_tool(
-            call_id, name, arguments, self.answer(name, arguments, call_id), reply=reply, spec=spec
-        )
+        return await call.run_tool(call_id, name, arguments, self.answer(name, arguments, call_id), **options)
 
 
 def _comparable(item: Mapping[str, Any]) -> tuple[Any, ...]:

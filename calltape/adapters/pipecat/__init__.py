@@ -32,12 +32,13 @@ from calltape.adapters.pipecat.attach import attach, modality_of
 from calltape.adapters.pipecat.live import reconcile_context
 from calltape.adapters.pipecat.observer import CalltapeObserver
 from calltape.adapters.pipecat.seed import context_messages, seed_llm_context
-from calltape.adapters.pipecat.tools import guard, register_function
+from calltape.adapters.pipecat.tools import RegisterOptions, guard, register_function
 from calltape.client import connect
 
 __all__ = [
     "SUPPORTED_PIPECAT",
     "CalltapeObserver",
+    "RegisterOptions",
     "attach",
     "connect",
     "context_messages",

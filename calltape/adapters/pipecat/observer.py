@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -260,24 +260,15 @@ class CalltapeObserver(BaseObserver):
             if frame.text.strip():
                 self.user.spoke = True
                 self._emit("user.text", {"text": frame.text})
-        elif isinstance(frame, LLMFullResponseStartFrame):
-            self._reply_started(frame)
         elif isinstance(frame, LLMTextFrame):
             self._agent_text(frame.text)
-        elif isinstance(frame, LLMFullResponseEndFrame):
-            self._reply_done(frame)
-        elif isinstance(frame, TTSSpeakFrame):
-            self._speak(frame)
-        elif isinstance(frame, FunctionCallsStartedFrame):
-            self._tool_calls(frame)
-        elif isinstance(frame, FunctionCallInProgressFrame):
-            self._tool_started(frame)
-        elif isinstance(frame, FunctionCallResultFrame):
-            self._tool_result(frame)
-        elif isinstance(frame, FunctionCallCancelFrame):
-            self._tool_cancelled(frame)
         elif isinstance(frame, InterruptionFrame):
             self._interruption()
+        elif isinstance(frame, _RECORDED):
+            for kind, record in _RECORDERS:
+                if isinstance(frame, kind):
+                    record(self, frame)
+                    break
         elif isinstance(frame, BotStartedSpeakingFrame):
             self._bot_speaking = True
             if self._playing is not None:
@@ -504,6 +495,19 @@ class CalltapeObserver(BaseObserver):
             return
         # Played to the end: the user heard all of it, whitespace included.
         self.replies.speech_ended(rid, interrupted=False, heard=st.generated)
+
+
+_RECORDERS: tuple[tuple[type[Frame], Callable[[CalltapeObserver, Any], None]], ...] = (
+    (LLMFullResponseStartFrame, CalltapeObserver._reply_started),
+    (LLMFullResponseEndFrame, CalltapeObserver._reply_done),
+    (TTSSpeakFrame, CalltapeObserver._speak),
+    (FunctionCallsStartedFrame, CalltapeObserver._tool_calls),
+    (FunctionCallInProgressFrame, CalltapeObserver._tool_started),
+    (FunctionCallResultFrame, CalltapeObserver._tool_result),
+    (FunctionCallCancelFrame, CalltapeObserver._tool_cancelled),
+)
+"""The frames a first push records by handing them whole to one method (the first kind that matches)."""
+_RECORDED = tuple(kind for kind, _ in _RECORDERS)
 
 
 def _reason(value: Any) -> str | None:

@@ -27,7 +27,7 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pipecat.frames.frames import FunctionCallResultProperties
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -70,28 +70,11 @@ def guard(llm: LLMService, call: LiveCall, *, specs: Mapping[str, ToolSpec] | No
     known = dict(specs or {})
 
     def register_function(
-        function_name: str | None,
-        handler: Any,
-        *,
-        spec: ToolSpec | None = None,
-        timeout_secs: float | None = None,
-        cancel_on_interruption: bool | None = None,
-        cancellable_by_llm: bool | None = None,
-        **kwargs: Any,
+        function_name: str | None, handler: Any, *, spec: ToolSpec | None = None, **kwargs: Any
     ) -> None:
         if function_name is None:
             raise CalltapeError("a catch-all handler (function_name=None) cannot be guarded; register each tool")
-        _register(
-            original,
-            call,
-            function_name,
-            handler,
-            spec=spec or known.get(function_name),
-            timeout_secs=timeout_secs,
-            cancel_on_interruption=cancel_on_interruption,
-            cancellable_by_llm=cancellable_by_llm,
-            **kwargs,
-        )
+        _register(original, call, function_name, handler, spec=spec or known.get(function_name), **kwargs)
 
     direct: dict[str, Any] = {}
     """Direct functions registered guarded, by name: the function each name runs."""
@@ -206,16 +189,18 @@ def unguarded_tools(llm: LLMService) -> set[str]:
     return {str(name) if name is not None else "<catch-all>" for name in registry}
 
 
+class RegisterOptions(TypedDict, total=False):
+    """The keyword options of a guarded registration (:func:`register_function`, and
+    ``llm.register_function`` once :func:`guard` ran): calltape's ``spec``, and Pipecat's own options."""
+
+    spec: ToolSpec | None
+    timeout_secs: float | None
+    cancel_on_interruption: bool | None
+    cancellable_by_llm: bool | None
+
+
 def register_function(
-    llm: LLMService,
-    call: LiveCall,
-    function_name: str,
-    handler: Handler,
-    *,
-    spec: ToolSpec | None = None,
-    timeout_secs: float | None = None,
-    cancel_on_interruption: bool | None = None,
-    cancellable_by_llm: bool | None = None,
+    llm: LLMService, call: LiveCall, function_name: str, handler: Handler, **options: Unpack[RegisterOptions]
 ) -> None:
     """Registers one guarded tool: ``llm.register_function(name, handler)`` with ``handler`` run under
     calltape (see :func:`guard` for the drop-in form).
@@ -231,16 +216,7 @@ def register_function(
     register = llm.register_function
     if getattr(llm, _GUARD_ATTR, None) is None:
         fix_before_inference(llm, PipecatCall.of(call))
-    _register(
-        register,
-        call,
-        function_name,
-        handler,
-        spec=spec,
-        timeout_secs=timeout_secs,
-        cancel_on_interruption=cancel_on_interruption,
-        cancellable_by_llm=cancellable_by_llm,
-    )
+    _register(register, call, function_name, handler, **options)
 
 
 def _register(
@@ -249,10 +225,10 @@ def _register(
     function_name: str,
     handler: Any,
     *,
-    spec: ToolSpec | None,
-    timeout_secs: float | None,
-    cancel_on_interruption: bool | None,
-    cancellable_by_llm: bool | None,
+    spec: ToolSpec | None = None,
+    timeout_secs: float | None = None,
+    cancel_on_interruption: bool | None = None,
+    cancellable_by_llm: bool | None = None,
     **kwargs: Any,
 ) -> None:
     if getattr(handler, "_calltape_guarded", False):
