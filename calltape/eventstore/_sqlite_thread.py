@@ -22,8 +22,6 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sqlalchemy.engine import Dialect
-
 from calltape.eventstore.queries import Db, Query
 
 T = TypeVar("T")
@@ -43,9 +41,7 @@ def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
 class ThreadDb(Db):
     """Compiled queries on the writer thread's ``sqlite3`` connection: the async methods run at once."""
 
-    def __init__(self, conn: sqlite3.Connection, dialect: Dialect) -> None:
-        self.conn = conn
-        self.dialect = dialect
+    conn: sqlite3.Connection
 
     async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
         sql, args = query.bind(self.dialect, params)

@@ -81,7 +81,7 @@ from calltape.eventstore.postgres import PgWriter, PostgresEventStore
 from calltape.eventstore.queries import dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import ROW_COLUMNS, SESSION_COLUMNS
 from calltape.eventstore.store import FeedPosition, checked_batch
-from calltape.eventstore.tenancy import CHANNEL, SETTING, channel, refuse_foreign
+from calltape.eventstore.tenancy import CHANNEL, SETTING, channel, execute_each, refuse_foreign
 from calltape.eventstore.writer import Key
 
 DISTRIBUTION_COLUMN = "session"
@@ -292,13 +292,13 @@ def _row_policies(conn: Connection) -> None:
         qual = conn.execute(text(_POLICY), {"t": table}).scalar()
         if qual is not None and "ct_sessions" not in qual:
             continue
-        for statement in (
+        execute_each(
+            conn,
             f"DROP POLICY IF EXISTS ct_tenant ON {table}",
             f"CREATE POLICY ct_tenant ON {table} USING ({_OWN_ROW}) WITH CHECK ({_OWN_ROW})",
             f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY",
             f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY",
-        ):
-            conn.execute(text(statement))
+        )
 
 
 _KEY = "ct_sessions_tenant"

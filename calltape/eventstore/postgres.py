@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 from sqlalchemy import Column
 from sqlalchemy.dialects.postgresql.base import PGDialect
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
@@ -183,9 +183,7 @@ def _rowcount(status: str) -> int:
 class _PgDb(Db):
     """Compiled queries on the asyncpg connection under SQLAlchemy's pool."""
 
-    def __init__(self, conn: asyncpg.Connection, dialect: Dialect) -> None:
-        self.conn = conn
-        self.dialect = dialect
+    conn: asyncpg.Connection
 
     async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
         sql, args = query.bind(self.dialect, params)

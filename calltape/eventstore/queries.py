@@ -77,9 +77,13 @@ def insert_for(dialect: str) -> Any:
 
 
 class Db(ABC):
-    """One connection (inside a transaction when opened for writing), running compiled queries."""
+    """One connection (inside a transaction when opened for writing), running compiled queries.
 
-    dialect: Dialect
+    A backend's subclass narrows ``conn`` to its driver's connection."""
+
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
+        self.conn = conn
+        self.dialect = dialect
 
     @abstractmethod
     async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:

@@ -104,9 +104,10 @@ def configure_engine(engine: AsyncEngine) -> None:
 class SqliteDb(Db):
     """Compiled queries through SQLAlchemy's driver-level execute on an open transaction."""
 
+    conn: AsyncConnection
+
     def __init__(self, conn: AsyncConnection) -> None:
-        self.conn = conn
-        self.dialect = conn.dialect
+        super().__init__(conn, conn.dialect)
 
     async def fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
         sql, args = query.bind(self.dialect, params)

@@ -46,6 +46,13 @@ TABLES = ("ct_sessions", "ct_events", "ct_snapshots", "ct_tombstones")
 _MAX_TENANT = 200
 
 
+def execute_each(conn: Connection, *statements: str) -> None:
+    """Runs DDL or grant statements one by one, in order, on a synchronous connection (migrations,
+    ``db upgrade --grant``, Citus' policies): each is a statement of its own for the server."""
+    for statement in statements:
+        conn.execute(text(statement))
+
+
 def resolve_tenant(tenant: str | None) -> str | None:
     """The tenant a store is opened for: ``tenant``, else ``$CALLTAPE_TENANT``, else none (``""`` = none);
     :data:`ALL_TENANTS` for every tenant."""
@@ -151,10 +158,10 @@ def grant(conn: Connection, role: str, version_table: str) -> None:
     quoted = quote_role(role)
     schema = conn.execute(text("SELECT quote_ident(current_schema())")).scalar_one()
     sequence = conn.execute(text("SELECT pg_get_serial_sequence('ct_events', 'pos')")).scalar_one()
-    for statement in (
+    execute_each(
+        conn,
         f"GRANT USAGE ON SCHEMA {schema} TO {quoted}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {', '.join(TABLES)} TO {quoted}",
         f"GRANT SELECT ON {version_table} TO {quoted}",
         f"GRANT USAGE, SELECT ON SEQUENCE {sequence} TO {quoted}",
-    ):
-        conn.execute(text(statement))
+    )
