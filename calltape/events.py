@@ -778,6 +778,8 @@ def _fast_source(struct: type[Data], names: dict[str, Any]) -> str | None:
     assert isinstance(info, msgspec.inspect.StructType)
     body: list[str] = []
     build: list[str] = []
+    literal: list[str] | None = []
+    required = 0
     bound = 2  # what _check_value counts for the braces, each key and each value's fixed part
     for index, spec in enumerate(info.fields):
         key = spec.encode_name
@@ -789,9 +791,16 @@ def _fast_source(struct: type[Data], names: dict[str, Any]) -> str | None:
         default = None if spec.required else spec.default
         if default is not None and type(default) is not str:
             return None
-        body += [f"v = data.get({key!r}, _ABSENT)", "if v is _ABSENT:"]
-        body += ["    return None"] if spec.required else [f"    v = {default!r}"]
-        body += ["else:", "    seen += 1", "if v is None:", "    pass" if nullable else "    return None"]
+        plain = spec.required and not nullable  # present and never None: one type test decides
+        if plain:
+            required += 1
+            body.append(f"v = data.get({key!r})")
+            chain = "if"
+        else:
+            body += [f"v = data.get({key!r}, _ABSENT)", "if v is _ABSENT:"]
+            body += ["    return None"] if spec.required else [f"    v = {default!r}"]
+            body += ["else:", "    seen += 1", "if v is None:", "    pass" if nullable else "    return None"]
+            chain = "elif"
         walk = False
         for member in members:
             if isinstance(member, msgspec.inspect.NoneType):
@@ -802,21 +811,28 @@ def _fast_source(struct: type[Data], names: dict[str, Any]) -> str | None:
             found = _fast_member(member, names)
             if found is None:
                 return None
-            body += [f"elif {found[0]}:", *_indent(found[1], 1)]
+            body += [f"{chain} {found[0]}:", *_indent(found[1], 1)]
+            chain = "elif"
         body += ["else:", "    extra += _check_value(v, 1, True)" if walk else "    return None"]
         check = struct.checks.get(spec.name)
         if check is not None:
             names[f"_check{index}"] = check
             body.append(f"_check{index}(v)")
         body.append(f"v{index} = v")
-        if spec.required and not nullable:
+        if plain:
             build.append(f"out[{key!r}] = v{index}")
+            if literal is not None:
+                literal.append(f"{key!r}: v{index}")
         else:
             build += [f"if v{index} is not None:", f"    out[{key!r}] = v{index}"]
-    lines = ["def check(data):", "    seen = n = extra = 0", "    try:"]
+            literal = None
+    lines = ["def check(data):", f"    seen = {required}", "    n = extra = 0", "    try:"]
     lines += _indent("\n".join(body), 2) if body else ["        pass"]
     lines += ["    except (InvalidEvent, ValueError):", "        return None"]
     lines += [f"    if seen != len(data) or 6 * n + extra > {MAX_DATA_BYTES - bound}:", "        return None"]
+    if literal is not None:  # every field present: the dump in one literal
+        lines.append(f"    return {{{', '.join(literal)}}}")
+        return "\n".join(lines)
     lines += ["    out = {}", *_indent("\n".join(build), 1), "    return out"]
     return "\n".join(lines)
 
@@ -1001,6 +1017,24 @@ EventData = Mapping[str, Any] | None
 """The data an event is made from (None: no data), as every writer's ``emit`` takes it."""
 
 
+_NAMES: set[str] = set()
+"""Session ids and agent names :func:`make_event` has seen pass :func:`_usual_name` (a writer sends the
+same few again and again; cleared when large)."""
+
+
+def _usual_name(text: str, keep: bool = True) -> bool:
+    """Whether ``text`` (a str) is a session id, agent name or event id the envelope check passes
+    without a word: 1 to :data:`MAX_ID_CHARS` ASCII characters, no NUL. Anything else is decided (and
+    refused, with its message) by the general path."""
+    if not (0 < len(text) <= MAX_ID_CHARS and text.isascii() and "\x00" not in text):
+        return False
+    if keep:
+        if len(_NAMES) >= 4096:
+            _NAMES.clear()
+        _NAMES.add(text)
+    return True
+
+
 def make_event(
     session: str,
     event_type: str,
@@ -1020,27 +1054,25 @@ def make_event(
         if (
             fast is not None
             and type(session) is str
-            and 0 < len(session) <= MAX_ID_CHARS
-            and (agent is None or (type(agent) is str and len(agent) <= MAX_ID_CHARS))
+            and (session in _NAMES or _usual_name(session))
+            and (agent is None or (type(agent) is str and (agent in _NAMES or _usual_name(agent))))
             and (epoch is None or (type(epoch) is int and 1 <= epoch <= MAX_EPOCH))
             and (at_ms is None or (type(at_ms) is int and MIN_AT_MS <= at_ms <= MAX_AT_MS))
-            and (id is None or (type(id) is str and 0 < len(id) <= MAX_ID_CHARS))
+            and (id is None or (type(id) is str and _usual_name(id, False)))
         ):
-            text = session if agent is None and id is None else f"{session}{agent or ''}{id or ''}"
-            if text.isascii() and "\x00" not in text:
-                checked = fast(data) if data is not None else fast({})
-                if checked is not None:
-                    return Event(  # positional: the hot path's one allocation of the event, in its row form
-                        event_type,
-                        checked,
-                        session,
-                        new_event_id() if id is None else id,
-                        now_ms() if at_ms is None else at_ms,
-                        agent,
-                        epoch,
-                        None,
-                        True,
-                    )
+            checked = fast(data) if data is not None else fast({})
+            if checked is not None:
+                return Event(  # positional: the hot path's one allocation of the event, in its row form
+                    event_type,
+                    checked,
+                    session,
+                    new_event_id() if id is None else id,
+                    now_ms() if at_ms is None else at_ms,
+                    agent,
+                    epoch,
+                    None,
+                    True,
+                )
     return _make_event(session, event_type, data, id, at_ms, agent, epoch)
 
 
