@@ -115,6 +115,10 @@ def new_event_id() -> str:
     return str(uuid_utils.uuid7())
 
 
+_uuid7 = uuid_utils.uuid7
+_time_ns = time.time_ns
+
+
 # ---------------------------------------------------------------------------------------------
 # The record that flows through the store, the recorder and the projections.
 
@@ -1066,8 +1070,8 @@ def make_event(
                     event_type,
                     checked,
                     session,
-                    new_event_id() if id is None else id,
-                    now_ms() if at_ms is None else at_ms,
+                    str(_uuid7()) if id is None else id,  # new_event_id() and now_ms(), inlined
+                    _time_ns() // 1_000_000 if at_ms is None else at_ms,
                     agent,
                     epoch,
                     None,
