@@ -4,11 +4,13 @@ Each type's ``data`` is defined once, as a msgspec Struct in :mod:`calltape.even
 come both checks of what enters calltape (emit, import, the API): the usual event is converted into
 its Struct by msgspec (strict, compiled) and walked once for the limits both databases share; the
 rest (a lax coercion, a fault) goes through the pydantic models generated from the same Structs,
-which are the public edge and the source of every error sentence. Inside, an event travels as an
-:class:`Event` record — a slotted dataclass with a plain ``data`` dict, built once — because the
-log is replayed by the hundred thousand, stored events were validated when they were appended, and
-a Struct would drop the extra fields adapters attach. The row's ``data`` is encoded by orjson (a
-dict with extras; msgspec's encoder measured slower on those).
+which are the public edge and the source of every error sentence. :func:`make_event` (every emit)
+first tries a plain Python check generated per type from the same Struct, which decides only the
+plain case (about half the CPU of the msgspec conversion and walk) and hands anything else on.
+Inside, an event travels as an :class:`Event` record — a slotted dataclass with a plain ``data``
+dict, built once — because the log is replayed by the hundred thousand, stored events were
+validated when they were appended, and a Struct would drop the extra fields adapters attach. The
+row's ``data`` is encoded by orjson (a dict with extras; msgspec's encoder measured slower on those).
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def parse_time(value: str) -> int:
 def new_event_id() -> str:
     """A fresh event id: a UUIDv7, so ids sort roughly by creation time."""
     return str(uuid_utils.uuid7())
+
+
+_uuid7 = uuid_utils.uuid7
+_time_ns = time.time_ns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,7 +690,7 @@ def _schema_data(compiled: _Compiled | None, data: dict[str, Any], trusted: bool
     else:
         try:
             msgspec.convert(data, compiled.struct, strict=True)
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, UnicodeEncodeError):  # msgspec encodes a wrong-typed lone surrogate
             return None
         if compiled.exact is not None and tuple(data) == compiled.exact:
             if trusted:  # just read from its line: nobody else holds it
@@ -716,6 +722,145 @@ def _schema_data(compiled: _Compiled | None, data: dict[str, Any], trusted: bool
     except InvalidEvent:
         return None
     return out
+
+
+# -- The per-type fast check, generated from the schema -----------------------------------------
+# What make_event runs first for a known type: one function per Struct, generated from its fields,
+# that reads each declared field once, checks its type, text and size inline, and builds the dump in
+# declared order. It decides only the plain case (no extra keys, exact JSON types, well inside the
+# size limit) and returns None for anything else, which goes to :func:`_schema_data` and the models
+# as before: it accepts nothing they refuse. A property test holds it to :func:`_schema_data`.
+
+_ABSENT: Any = object()
+_FIELD_SLACK = 32
+"""At least what one field's value adds to :func:`_check_value`'s size besides its characters."""
+_TEXT = """if "\\x00" in v or not v.isascii():
+    if _text_fault(v) is not None:
+        return None
+n += len(v)"""
+
+
+def _plain(kind: msgspec.inspect.Type) -> bool:
+    return all(getattr(kind, name, None) is None for name in ("min_length", "max_length", "pattern"))
+
+
+def _fast_member(kind: msgspec.inspect.Type, names: dict[str, Any]) -> tuple[str, str] | None:
+    """The test that ``v`` is a plain value of ``kind`` and what then adds its size, or None when the
+    fast check leaves ``kind`` to :func:`_schema_data`."""
+    inspect = msgspec.inspect
+    if isinstance(kind, inspect.StrType) and _plain(kind):
+        return "type(v) is str", _TEXT
+    if isinstance(kind, inspect.LiteralType) and all(
+        type(value) is str and value.isascii() and "\x00" not in value for value in kind.values
+    ):
+        name = f"_literal{len(names)}"
+        names[name] = frozenset(kind.values)
+        return f"type(v) is str and v in {name}", "n += len(v)"
+    if isinstance(kind, inspect.BoolType):
+        return "type(v) is bool", "pass"
+    if isinstance(kind, inspect.IntType) and (kind.gt, kind.lt, kind.le, kind.multiple_of) == (None,) * 4:
+        low = _INT_MIN if kind.ge is None else max(kind.ge, _INT_MIN)
+        return f"type(v) is int and {low} <= v <= {_INT_MAX}", "pass"
+    if (
+        isinstance(kind, inspect.DictType)
+        and isinstance(kind.key_type, inspect.StrType)
+        and _plain(kind.key_type)
+        and isinstance(kind.value_type, inspect.AnyType)
+        and (kind.min_length, kind.max_length) == (None, None)
+    ):
+        return "type(v) is dict", "extra += _check_value(v, 1, True)"
+    return None
+
+
+def _indent(text: str, depth: int) -> list[str]:
+    return ["    " * depth + line for line in text.splitlines()]
+
+
+def _fast_source(struct: type[Data], names: dict[str, Any]) -> str | None:
+    """The source of one Struct's fast check, or None when a field is of a kind it does not handle."""
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    body: list[str] = []
+    build: list[str] = []
+    literal: list[str] | None = []
+    required = 0
+    bound = 2  # what _check_value counts for the braces, each key and each value's fixed part
+    for index, spec in enumerate(info.fields):
+        key = spec.encode_name
+        if not key.isascii() or "\x00" in key:
+            return None
+        bound += 6 * len(key) + 4 + _FIELD_SLACK
+        members = spec.type.types if isinstance(spec.type, msgspec.inspect.UnionType) else (spec.type,)
+        nullable = any(isinstance(m, (msgspec.inspect.NoneType, msgspec.inspect.AnyType)) for m in members)
+        default = None if spec.required else spec.default
+        if default is not None and type(default) is not str:
+            return None
+        plain = spec.required and not nullable  # present and never None: one type test decides
+        if plain:
+            required += 1
+            body.append(f"v = data.get({key!r})")
+            chain = "if"
+        else:
+            body += [f"v = data.get({key!r}, _ABSENT)", "if v is _ABSENT:"]
+            body += ["    return None"] if spec.required else [f"    v = {default!r}"]
+            body += ["else:", "    seen += 1", "if v is None:", "    pass" if nullable else "    return None"]
+            chain = "elif"
+        walk = False
+        for member in members:
+            if isinstance(member, msgspec.inspect.NoneType):
+                continue
+            if isinstance(member, msgspec.inspect.AnyType):
+                walk = True
+                continue
+            found = _fast_member(member, names)
+            if found is None:
+                return None
+            body += [f"{chain} {found[0]}:", *_indent(found[1], 1)]
+            chain = "elif"
+        body += ["else:", "    extra += _check_value(v, 1, True)" if walk else "    return None"]
+        check = struct.checks.get(spec.name)
+        if check is not None:
+            names[f"_check{index}"] = check
+            body.append(f"_check{index}(v)")
+        body.append(f"v{index} = v")
+        if plain:
+            build.append(f"out[{key!r}] = v{index}")
+            if literal is not None:
+                literal.append(f"{key!r}: v{index}")
+        else:
+            build += [f"if v{index} is not None:", f"    out[{key!r}] = v{index}"]
+            literal = None
+    lines = ["def check(data):", f"    seen = {required}", "    n = extra = 0", "    try:"]
+    lines += _indent("\n".join(body), 2) if body else ["        pass"]
+    lines += ["    except (InvalidEvent, ValueError):", "        return None"]
+    lines += [f"    if seen != len(data) or 6 * n + extra > {MAX_DATA_BYTES - bound}:", "        return None"]
+    if literal is not None:  # every field present: the dump in one literal
+        lines.append(f"    return {{{', '.join(literal)}}}")
+        return "\n".join(lines)
+    lines += ["    out = {}", *_indent("\n".join(build), 1), "    return out"]
+    return "\n".join(lines)
+
+
+def _fast_check(struct: type[Data]) -> Any:
+    """One Struct's generated fast check (``data`` → its dump, or None: ask :func:`_schema_data`), or
+    None when the Struct has a field of a kind the generator does not handle."""
+    names: dict[str, Any] = {
+        "_ABSENT": _ABSENT,
+        "_text_fault": _text_fault,
+        "_check_value": _check_value,
+        "InvalidEvent": InvalidEvent,
+    }
+    source = _fast_source(struct, names)
+    if source is None:
+        return None
+    exec(
+        compile(source, f"<fast check of {struct.__name__}>", "exec"), names
+    )  # the source is built from the schema alone
+    return names["check"]
+
+
+_FAST: dict[str, Any] = {t: f for t, f in ((t, _fast_check(s)) for t, s in SCHEMA.items()) if f is not None}
+"""Each known type's generated fast check (every type whose fields the generator handles)."""
 
 
 _SECONDS: dict[str, int] = {}
@@ -876,6 +1021,24 @@ EventData = Mapping[str, Any] | None
 """The data an event is made from (None: no data), as every writer's ``emit`` takes it."""
 
 
+_NAMES: set[str] = set()
+"""Session ids and agent names :func:`make_event` has seen pass :func:`_usual_name` (a writer sends the
+same few again and again; cleared when large)."""
+
+
+def _usual_name(text: str, keep: bool = True) -> bool:
+    """Whether ``text`` (a str) is a session id, agent name or event id the envelope check passes
+    without a word: 1 to :data:`MAX_ID_CHARS` ASCII characters, no NUL. Anything else is decided (and
+    refused, with its message) by the general path."""
+    if not (0 < len(text) <= MAX_ID_CHARS and text.isascii() and "\x00" not in text):
+        return False
+    if keep:
+        if len(_NAMES) >= 4096:
+            _NAMES.clear()
+        _NAMES.add(text)
+    return True
+
+
 def make_event(
     session: str,
     event_type: str,
@@ -887,38 +1050,61 @@ def make_event(
     epoch: int | None = None,
 ) -> Event:
     """Builds a validated event from Python values (the recorder's and the API's entry point)."""
+    # The usual event in one pass: a known type's plain data through its generated check, and the
+    # envelope's usual values tested inline. Anything else (and every refusal, with its message) is
+    # decided by _make_event, the reference this must agree with.
+    if type(event_type) is str and (data is None or type(data) is dict):
+        fast = _FAST.get(event_type)
+        if (
+            fast is not None
+            and type(session) is str
+            and (session in _NAMES or _usual_name(session))
+            and (agent is None or (type(agent) is str and (agent in _NAMES or _usual_name(agent))))
+            and (epoch is None or (type(epoch) is int and 1 <= epoch <= MAX_EPOCH))
+            and (at_ms is None or (type(at_ms) is int and MIN_AT_MS <= at_ms <= MAX_AT_MS))
+            and (id is None or (type(id) is str and _usual_name(id, False)))
+        ):
+            checked = fast(data) if data is not None else fast({})
+            if checked is not None:
+                return Event(  # positional: the hot path's one allocation of the event, in its row form
+                    event_type,
+                    checked,
+                    session,
+                    str(_uuid7()) if id is None else id,  # new_event_id() and now_ms(), inlined
+                    _time_ns() // 1_000_000 if at_ms is None else at_ms,
+                    agent,
+                    epoch,
+                    None,
+                    True,
+                )
+    return _make_event(session, event_type, data, id, at_ms, agent, epoch)
+
+
+def _make_event(session: Any, event_type: Any, data: Any, id: Any, at_ms: Any, agent: Any, epoch: Any) -> Event:
+    """:func:`make_event` by the general path: the compiled schema and the walk, then the models; the
+    reference for make_event's fast path and the source of every refusal's message."""
     if not isinstance(event_type, str):
         raise InvalidEvent("'type' must be a string")
     if data is not None and not isinstance(data, Mapping):
         raise InvalidEvent("'data' must be an object")
     compiled = _COMPILED.get(event_type)
+    checked = None
     if compiled is not None and (data is None or type(data) is dict):
-        checked = _schema_data(compiled, data or {})
-        if checked is not None:  # the usual event: its data passed every check already
-            event = Event(  # positional: the hot path's one allocation of the event, in its row form
-                event_type,
-                checked,
-                session,
-                new_event_id() if id is None else id,
-                now_ms() if at_ms is None else at_ms,
-                agent,
-                epoch,
-                None,
-                True,
-            )
-            _check_envelope(event)
-            return event
-    return check_event(
-        Event(
-            type=event_type,
-            data=validate_data(event_type, data),
-            session=session,
-            id=new_event_id() if id is None else id,
-            at_ms=now_ms() if at_ms is None else at_ms,
-            agent=agent,
-            epoch=epoch,
-        )
+        checked = _schema_data(compiled, data or {})  # the usual event: its data passed every check
+    event = Event(
+        type=event_type,
+        data=validate_data(event_type, data) if checked is None else checked,
+        session=session,
+        id=new_event_id() if id is None else id,
+        at_ms=now_ms() if at_ms is None else at_ms,
+        agent=agent,
+        epoch=epoch,
     )
+    if checked is None:
+        return check_event(event)
+    _check_envelope(event)
+    event.checked = True
+    return event
 
 
 def load_stored(
