@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -23,11 +23,13 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     Text,
+    any_,
     bindparam,
     cast,
     delete,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql
@@ -136,13 +138,33 @@ def _session_is(table: Any) -> Any:
     return table.c.session == bindparam("session")
 
 
+def types_param(dialect: str, types: Collection[str]) -> Any:
+    """``types`` as :func:`_read` binds them: a ``text[]`` on PostgreSQL, a JSON array on SQLite."""
+    return list(types) if dialect == "postgresql" else orjson.dumps(list(types)).decode()
+
+
+def _sqlite_typed_read(bounded: bool, limited: bool) -> str:
+    """:func:`_read` of a few types on SQLite, by the index of migration 0006 (a JSON array ``:types``)."""
+    sql = (
+        "SELECT seq, id, type, at_ms, agent, epoch, data FROM ct_events INDEXED BY ct_events_session_type"
+        " WHERE session = :session AND seq > :after_seq AND type IN (SELECT value FROM json_each(:types))"
+    )
+    if bounded:
+        sql += " AND seq <= :to_seq"
+    return sql + " ORDER BY seq" + (" LIMIT :limit" if limited else "")
+
+
 @cache
-def _read(bounded: bool, limited: bool) -> Query:
-    def build(_: str) -> ClauseElement:
+def _read(bounded: bool, limited: bool, typed: bool = False) -> Query:
+    def build(dialect: str) -> ClauseElement:
         c = events.c
         stmt = select(c.seq, c.id, c.type, c.at_ms, c.agent, c.epoch, DATA_TEXT).where(
             _session_is(events), c.seq > bindparam("after_seq")
         )
+        if typed and dialect == "postgresql":
+            stmt = stmt.where(c.type == any_(bindparam("types", type_=postgresql.ARRAY(Text))))
+        elif typed:  # named: SQLite's planner would walk the session on (session, seq) without statistics
+            return text(_sqlite_typed_read(bounded, limited))
         if bounded:
             stmt = stmt.where(c.seq <= bindparam("to_seq"))
         stmt = stmt.order_by(c.seq)
@@ -314,12 +336,21 @@ class SqlEventStore(EventStore):
     # -- reading -----------------------------------------------------------------------------
 
     async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+        self,
+        session: str,
+        *,
+        after_seq: int = 0,
+        to_seq: int | None = None,
+        limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
+        if types is not None and not types:
+            return []
         if await self._hidden(session):
             return []
-        query = _read(to_seq is not None, limit is not None)
-        rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+        query = _read(to_seq is not None, limit is not None, types is not None)
+        typed = types_param(self.engine.dialect.name, types) if types is not None else None
+        rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit, types=typed)
         loads = orjson.loads
         with gc_paused(len(rows)):
             return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
