@@ -298,6 +298,11 @@ _LOAD_SEGMENTS = Query(
         _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
     )
 )
+_SEGMENT_SLOTS = Query(
+    lambda _: select(snapshots.c.seq).where(
+        _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
+    )
+)
 
 
 def _older(last_at_ms: int | None, before_ms: int | None) -> bool:
@@ -478,6 +483,28 @@ class SqlEventStore(EventStore):
                     for seq, body in segments
                 ],
             )
+
+    async def save_snapshot_over(
+        self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
+    ) -> bool:
+        """Stores snapshot ``rows`` as ``(seq, state)`` (a header, and the new segments at their negative
+        slots) in one transaction holding the session's row lock (the lock a rewrite or an erasure takes),
+        only while the session is there and every segment slot in ``kept`` (written by an earlier save)
+        is still stored. False, and nothing written, otherwise: the capture holds what a redaction or an
+        erasure removed since, and a header naming segments the store lacks would be completed from a
+        process's segment cache with the old content."""
+        if await self._hidden(session):
+            return False
+        now = now_ms()
+        async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_UPDATE, session=session) is None:
+                return False
+            stored = await db.fetch(_SEGMENT_SLOTS, session=session, version=version) if kept else ()
+            if not kept <= {row[0] for row in stored}:
+                return False
+            common = {"session": session, "version": version, "created_at_ms": now}
+            await db.executemany(_SAVE_SNAPSHOT, [{**common, "seq": seq, "state": state} for seq, state in rows])
+        return True
 
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""
