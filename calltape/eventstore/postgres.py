@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -129,17 +129,21 @@ hold; NULL when the database keeps it (or for a store opened for every tenant)."
 
 
 @functools.cache
-def read_sql(bounded: bool, limited: bool, owner: bool, decoded: bool) -> str:
+def read_sql(bounded: bool, limited: bool, owner: bool, decoded: bool, typed: bool = False) -> str:
     """A session's events after a seq (``bounded``: to a seq; ``limited``: at most so many), in the order
     :meth:`PostgresEventStore.read` builds them from; parameters in that order, after the session and
     the first seq. ``owner``: only while the session is the last parameter's tenant (``NULL``: a session
     without one), checked in the same statement (calltape keeps the store to its tenant for a role that
     row-level security does not hold), where it was a query and a pool checkout of its own per read.
     ``decoded``: ``data`` as ``jsonb``, for the read connection, whose driver decodes it (see
-    :func:`_decoding`); otherwise as JSON text."""
+    :func:`_decoding`); otherwise as JSON text. ``typed``: only the types of a ``text[]`` parameter, the
+    first after the first seq (filtered by the server: the rest of the call is neither sent nor decoded)."""
     data = "data" if decoded else "data::text"
     sql = f"SELECT seq, id, type, at_ms, agent, epoch, {data} FROM ct_events WHERE session = $1 AND seq > $2"
     n = 2
+    if typed:
+        n += 1
+        sql += f" AND type = ANY(${n}::text[])"
     if bounded:
         n += 1
         sql += f" AND seq <= ${n}"
@@ -476,12 +480,23 @@ class PostgresEventStore(SqlEventStore):
     # -- reading -----------------------------------------------------------------------------
 
     async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+        self,
+        session: str,
+        *,
+        after_seq: int = 0,
+        to_seq: int | None = None,
+        limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
+        if types is not None and not types:
+            return []
         owner = self._filters()
         if owner and not self.inline_owner and await self._hidden(session):
             return []
         args: list[Any] = [session, after_seq]
+        typed = types is not None
+        if types is not None:
+            args.append(list(types))
         if to_seq is not None:
             args.append(to_seq)
         if limit is not None:
@@ -495,7 +510,7 @@ class PostgresEventStore(SqlEventStore):
         # the events, and collections they trigger would rescan everything the process holds.
         with gc_paused(expected):
             async with self._reader() as (conn, decoded), self.reading(conn):
-                rows = await conn.fetch(read_sql(bounded, limited, inline, decoded), *args)
+                rows = await conn.fetch(read_sql(bounded, limited, inline, decoded, typed), *args)
             if decoded:  # the driver decoded ``data`` as each row arrived, while the server was still sending
                 events = [Event(r[2], r[6], session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
             else:

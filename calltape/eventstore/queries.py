@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -23,11 +23,13 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     Text,
+    any_,
     bindparam,
     cast,
     delete,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql
@@ -140,13 +142,33 @@ def _session_is(table: Any) -> Any:
     return table.c.session == bindparam("session")
 
 
+def types_param(dialect: str, types: Collection[str]) -> Any:
+    """``types`` as :func:`_read` binds them: a ``text[]`` on PostgreSQL, a JSON array on SQLite."""
+    return list(types) if dialect == "postgresql" else orjson.dumps(list(types)).decode()
+
+
+def _sqlite_typed_read(bounded: bool, limited: bool) -> str:
+    """:func:`_read` of a few types on SQLite, by the index of migration 0006 (a JSON array ``:types``)."""
+    sql = (
+        "SELECT seq, id, type, at_ms, agent, epoch, data FROM ct_events INDEXED BY ct_events_session_type"
+        " WHERE session = :session AND seq > :after_seq AND type IN (SELECT value FROM json_each(:types))"
+    )
+    if bounded:
+        sql += " AND seq <= :to_seq"
+    return sql + " ORDER BY seq" + (" LIMIT :limit" if limited else "")
+
+
 @cache
-def _read(bounded: bool, limited: bool) -> Query:
-    def build(_: str) -> ClauseElement:
+def _read(bounded: bool, limited: bool, typed: bool = False) -> Query:
+    def build(dialect: str) -> ClauseElement:
         c = events.c
         stmt = select(c.seq, c.id, c.type, c.at_ms, c.agent, c.epoch, DATA_TEXT).where(
             _session_is(events), c.seq > bindparam("after_seq")
         )
+        if typed and dialect == "postgresql":
+            stmt = stmt.where(c.type == any_(bindparam("types", type_=postgresql.ARRAY(Text))))
+        elif typed:  # named: SQLite's planner would walk the session on (session, seq) without statistics
+            return text(_sqlite_typed_read(bounded, limited))
         if bounded:
             stmt = stmt.where(c.seq <= bindparam("to_seq"))
         stmt = stmt.order_by(c.seq)
@@ -280,6 +302,11 @@ _LOAD_SEGMENTS = Query(
         _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
     )
 )
+_SEGMENT_SLOTS = Query(
+    lambda _: select(snapshots.c.seq).where(
+        _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
+    )
+)
 
 
 def _older(last_at_ms: int | None, before_ms: int | None) -> bool:
@@ -318,12 +345,21 @@ class SqlEventStore(EventStore):
     # -- reading -----------------------------------------------------------------------------
 
     async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+        self,
+        session: str,
+        *,
+        after_seq: int = 0,
+        to_seq: int | None = None,
+        limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
+        if types is not None and not types:
+            return []
         if await self._hidden(session):
             return []
-        query = _read(to_seq is not None, limit is not None)
-        rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit)
+        query = _read(to_seq is not None, limit is not None, types is not None)
+        typed = types_param(self.engine.dialect.name, types) if types is not None else None
+        rows = await self._fetch(query, session=session, after_seq=after_seq, to_seq=to_seq, limit=limit, types=typed)
         loads = orjson.loads
         with gc_paused(len(rows)):
             return [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
@@ -451,6 +487,28 @@ class SqlEventStore(EventStore):
                     for seq, body in segments
                 ],
             )
+
+    async def save_snapshot_over(
+        self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
+    ) -> bool:
+        """Stores snapshot ``rows`` as ``(seq, state)`` (a header, and the new segments at their negative
+        slots) in one transaction holding the session's row lock (the lock a rewrite or an erasure takes),
+        only while the session is there and every segment slot in ``kept`` (written by an earlier save)
+        is still stored. False, and nothing written, otherwise: the capture holds what a redaction or an
+        erasure removed since, and a header naming segments the store lacks would be completed from a
+        process's segment cache with the old content."""
+        if await self._hidden(session):
+            return False
+        now = now_ms()
+        async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_UPDATE, session=session) is None:
+                return False
+            stored = await db.fetch(_SEGMENT_SLOTS, session=session, version=version) if kept else ()
+            if not kept <= {row[0] for row in stored}:
+                return False
+            common = {"session": session, "version": version, "created_at_ms": now}
+            await db.executemany(_SAVE_SNAPSHOT, [{**common, "seq": seq, "state": state} for seq, state in rows])
+        return True
 
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""

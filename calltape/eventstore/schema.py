@@ -109,9 +109,11 @@ events = Table(
     UniqueConstraint("session", "seq", name="ct_events_session_seq"),
     UniqueConstraint("session", "id", name="ct_events_session_id"),
     Index("ct_events_feed", "txid", "pos").ddl_if(dialect="postgresql"),
+    Index("ct_events_session_type", "session", "type", "seq"),
     sqlite_autoincrement=True,
 )
-"""The log: one row per event; ``(session, seq)`` and ``(session, id)`` unique, ``pos`` the feed order.
+"""The log: one row per event; ``(session, seq)`` and ``(session, id)`` unique, ``pos`` the feed order,
+``(session, type, seq)`` for reads of a few types (migration 0006: the effect API's ``tool.effect``).
 
 ``pos`` is declared the key as SQLite has it; on PostgreSQL the key is ``(session, pos)`` (see above)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -136,9 +136,19 @@ class EventReader(ABC):
 
     @abstractmethod
     async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
+        self,
+        session: str,
+        *,
+        after_seq: int = 0,
+        to_seq: int | None = None,
+        limit: int | None = None,
+        types: Collection[str] | None = None,
     ) -> list[Event]:
-        """A session's events with ``after_seq < seq <= to_seq``, in seq order."""
+        """A session's events with ``after_seq < seq <= to_seq``, in seq order.
+
+        ``types``: only events of these types, filtered by the database (``limit`` counts those): a
+        caller that needs a few of a long call's events (the effect API's ``tool.effect``) does not
+        fetch and decode the call. An empty collection reads nothing."""
 
     @abstractmethod
     async def seq_at_time(self, session: str, at_ms: int) -> int:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD = "0005"
+HEAD = "0006"
 """The newest revision, kept here so opening a store needs no Alembic import (a test checks it)."""
 
 VERSION_TABLE = "calltape_alembic_version"

@@ -157,7 +157,8 @@ def _fold_with_snapshots(fold: ContextFold, tail: list[Event], base: int, every:
 
 
 async def snapshot_now(store: ContextStore, session: str, fold: ContextFold | None = None) -> int:
-    """Saves a snapshot at the latest clean point now; returns its seq (0: nothing saved).
+    """Saves a snapshot at the latest clean point now; returns its seq (0: nothing saved, as for a live
+    fold held across a redaction or an erasure of the session).
 
     A clean live ``fold`` is saved as is, but only once the store holds every event it folded
     (a snapshot must never run ahead of the log); otherwise the session is folded from the store
@@ -174,8 +175,7 @@ async def snapshot_now(store: ContextStore, session: str, fold: ContextFold | No
         if live is None or live.last_clean_seq > last:
             latest = await build_context(store, session, snapshots=None)
             if latest.clean and latest.seq > 0:
-                await segments.save(store, session, latest.capture())
-                return latest.seq
+                return latest.seq if await segments.save(store, session, latest.capture()) else 0
             seq = latest.last_clean_seq
         else:
             seq = live.last_clean_seq
@@ -184,5 +184,5 @@ async def snapshot_now(store: ContextStore, session: str, fold: ContextFold | No
         target = await build_context(store, session, AtSeq(seq), snapshots=None)
         if not target.clean or target.seq != seq:
             return 0
-    await segments.save(store, session, target.capture())
-    return target.seq
+    # refused (0): a live fold held across a redaction or an erasure holds what they removed
+    return target.seq if await segments.save(store, session, target.capture()) else 0

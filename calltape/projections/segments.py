@@ -11,7 +11,11 @@ call so far, and restoring one read and copied it all, so both grew with the cal
 * **the header row** at the snapshot's seq: the fold's scalars and live records (a handful of
   items, whatever the call's length), then a line ``{"segments": [[slot, key], ...]}``.
 
-Saving writes the segments the store does not hold yet and the header. Restoring reads the header
+Saving writes the segments the store does not hold yet and the header, in one transaction under the
+session's row lock, and only while the segments saved before are still stored: a redaction or an
+erasure drops every snapshot row of the session under that lock, so a capture held across one (it
+names segments the store lost) is refused, and a stored header always names segments the store holds
+(what the cache adds is what the store has). Restoring reads the header
 and takes each segment from a process-wide cache by key (:data:`CACHE`; content-addressed, so a
 cached segment can never be stale), reading from the store only the ones it lacks, in one query.
 A process that restores a call again (a resume, a handoff, a rebuild) so reads the header and the
@@ -41,14 +45,14 @@ _REFS: Final = b'{"segments":'
 class SegmentStore(Protocol):
     """What saving segments needs of a store (:class:`~calltape.eventstore.queries.SqlEventStore` has it)."""
 
-    async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        """Stores a snapshot row (here: the header)."""
-
-    async def save_snapshot_segments(self, session: str, version: int, segments: Sequence[tuple[int, bytes]]) -> None:
-        """Stores segment bodies under their slots (a slot already stored is left as it is)."""
-
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored segment of the session and fold version, as ``(slot, body)``."""
+
+    async def save_snapshot_over(
+        self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
+    ) -> bool:
+        """Stores a header and its new segments (``rows``) at once, only while the segment slots in
+        ``kept`` are stored (False: the session was rewritten or erased since; nothing written)."""
 
 
 def slot(key: str) -> int:
@@ -122,18 +126,25 @@ def header_bytes(captured: Captured) -> bytes:
     return captured.header + b"\n" + _REFS + orjson.dumps(refs) + b"}"
 
 
-async def save(store: Any, session: str, captured: Captured) -> None:
-    """Saves a capture: its new segments and its header, or the inline blob for a store without segments."""
+async def save(store: Any, session: str, captured: Captured) -> bool:
+    """Saves a capture: its new segments and its header, or the inline blob for a store without segments.
+
+    False when the store refused it: a segment saved before is no longer stored, so a redaction or an
+    erasure removed it since the capture, which then holds what they removed (a live fold held across
+    them). Its header is never written: this process's :data:`CACHE` would complete it with the old
+    content (SPEC: a redacted value never comes back)."""
     if not isinstance(store, SegmentStore):
         await store.save_snapshot(session, captured.seq, FOLD_VERSION, captured.to_bytes())
-        return
+        return True
     new = [s for s in captured.segments if not s.saved]
-    if new:
-        await store.save_snapshot_segments(session, FOLD_VERSION, [(slot(s.key), s.body()) for s in new])
-        for segment in new:
-            segment.saved = True
-            CACHE.put(segment)
-    await store.save_snapshot(session, captured.seq, FOLD_VERSION, header_bytes(captured))
+    kept = {slot(s.key) for s in captured.segments if s.saved}
+    rows = [*((slot(s.key), s.body()) for s in new), (captured.seq, header_bytes(captured))]
+    if not await store.save_snapshot_over(session, FOLD_VERSION, rows, kept):
+        return False
+    for segment in new:
+        segment.saved = True
+        CACHE.put(segment)
+    return True
 
 
 async def restore(store: Any, session: str, blob: bytes) -> ContextFold:

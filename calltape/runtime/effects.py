@@ -56,7 +56,7 @@ DEFAULT_EFFECT_TIMEOUT = 10.0
 
 POLL_SECONDS = 0.05
 """How soon a call waiting for another run of the same effect first re-reads the log (then less often,
-up to :data:`MAX_POLL_SECONDS`: each read is of the whole session)."""
+up to :data:`MAX_POLL_SECONDS`: each read is a query, of the session's ``tool.effect`` events)."""
 MAX_POLL_SECONDS = 0.5
 
 EffectAction = Callable[[], Awaitable[Any]]

@@ -274,13 +274,12 @@ class _KeptReads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def read(
-        self, session: str, *, after_seq: int = 0, to_seq: int | None = None, limit: int | None = None
-    ) -> list[Event]:
-        """The store's read, kept when it is whole (no ``limit``)."""
-        events = await self._store.read(session, after_seq=after_seq, to_seq=to_seq, limit=limit)
-        if limit is None:
-            self._after, self._events = after_seq, events
+    async def read(self, session: str, **options: Any) -> list[Event]:
+        """The store's read (:meth:`~calltape.eventstore.store.EventReader.read`'s options), kept when
+        it is whole (no ``limit``, every type)."""
+        events = await self._store.read(session, **options)
+        if options.get("limit") is None and options.get("types") is None:
+            self._after, self._events = options.get("after_seq", 0), events
         return events
 
     def tail(self, fold: ContextFold, checkpoint: int) -> list[Event] | None:

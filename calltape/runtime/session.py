@@ -522,8 +522,9 @@ class CallSession:
         Settled (:func:`~calltape.loopclock.settle`): on a virtual-clock test loop the read, done off the
         loop, must not let the clock jump to the next timer (the tool's timeout, a scripted barge-in)."""
         await settle(self.recorder.flush())
-        events = await settle(self.recorder.store.read(self.session_id))
-        return [e for e in events if e.type == "tool.effect"]
+        # Only those events, filtered by the database: a one-hour call is ~50k events, and this read is on
+        # the tool's path (and repeated while another run holds the claim).
+        return await settle(self.recorder.store.read(self.session_id, types=("tool.effect",)))
 
     async def handoff(
         self, to: str, *, instructions: str | None = None, reason: str | None = None, format: str = "native"

@@ -184,6 +184,30 @@ async def _read_slices_a_session_by_seq(store: EventStore, session: str) -> None
 
 
 @_check
+async def _read_keeps_to_the_types_asked_for(store: EventStore, session: str) -> None:
+    other = f"{session}-other"
+
+    def effect(at: str, key: str) -> Event:
+        return make_event(at, "tool.effect", {"call": f"c{key}", "name": "n", "key": key, "phase": "done"})
+
+    mixed = [_started(session)]
+    for i in range(6):
+        mixed += [_text(session, f"t{i}"), effect(session, str(i))]
+    mixed.append(make_event(session, "agent.text", {"reply": "r", "text": "x"}))
+    await store.append(mixed)
+    await store.append([_started(other), effect(other, "k")])
+    every = await store.read(session)
+    effects = await store.read(session, types=["tool.effect"])
+    assert effects == [e for e in every if e.type == "tool.effect"] and len(effects) == 6
+    assert [e.seq for e in effects] == [3, 5, 7, 9, 11, 13]  # in seq order
+    two = await store.read(session, types=("tool.effect", "agent.text"), after_seq=4, to_seq=14)
+    assert two == [e for e in every if e.type in ("tool.effect", "agent.text") and 4 < (e.seq or 0) <= 14]
+    assert [e.seq for e in await store.read(session, types={"user.text"}, limit=2)] == [2, 4]
+    assert await store.read(session, types=["no.such.type"]) == []
+    assert await store.read(session, types=[]) == []
+
+
+@_check
 async def _seq_at_time_is_the_prefix_up_to_an_instant(store: EventStore, session: str) -> None:
     await store.append(
         [_started(session, at_ms=1000), _text(session, "a", at_ms=2000), _text(session, "b", at_ms=3000)]

@@ -243,3 +243,29 @@ async def test_a_handoff_does_not_run_it_again(store: EventStore, session_id: st
     fold = await build_context(store, session_id)
     assert fold.agent == "billing-2"
     assert await checked(store, session_id) == []
+
+
+async def test_the_effect_reads_only_the_sessions_effect_events(store: EventStore, session_id: str) -> None:
+    """The tool's read of the log is on the voice loop's path: a long call's other events are filtered by
+    the database, not fetched and dropped (issue 32: a 1-hour call was ~50k events read per tool call)."""
+    bank = Bank()
+    async with live_call(store, session_id) as live:
+        for i in range(300):
+            live.call.emit("user.text", {"text": f"words {i}"})
+        first = await ask(live.call, "c1", "r1", charge_tool(bank))
+        read = store.read
+        fetched: list[list[str]] = []
+
+        async def counting(session: str, **options: Any) -> list[Any]:
+            events = await read(session, **options)
+            fetched.append([e.type for e in events])
+            return events
+
+        store.read = counting  # type: ignore[method-assign]
+        try:
+            again = await ask(live.call, "c2", "r2", charge_tool(bank))
+        finally:
+            del store.read
+        await live.call.end()
+    assert first.output == again.output and bank.charges == ["order-7"]
+    assert fetched and all(types == ["tool.effect", "tool.effect"] for types in fetched)

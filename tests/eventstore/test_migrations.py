@@ -56,7 +56,7 @@ def test_migrations_ship_inside_the_package():
     location = Path(alembic_config().get_main_option("script_location") or "")
     assert location.resolve() == (Path(calltape.__file__).parent / "migrations").resolve()
     assert (location / "env.py").is_file() and list((location / "versions").glob("*.py"))
-    assert head_revision() == "0005"
+    assert head_revision() == "0006"
 
 
 async def test_sqlite_is_upgraded_automatically(tmp_path, session_id):

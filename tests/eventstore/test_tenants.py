@@ -256,7 +256,14 @@ async def test_writes_of_another_tenants_session_are_refused(tenant_a, ids, urls
         await store.append([started(f"{ids['a']}-2", tenant=ids["tb"])])
     with pytest.raises(SessionNotFound):
         await store.erase(ids["b"])
+    # a snapshot of another tenant's session is not written; of its own, over its stored segment, it is
+    assert not await store.save_snapshot_over(ids["b"], 1, [(-4, b"x"), (5, b"header")], set())
+    assert await store.save_snapshot_over(ids["a"], 1, [(-4, b"new"), (5, b"header")], {-3})
+    assert not await store.save_snapshot_over(ids["a"], 1, [(6, b"header")], {-3, -99})  # a segment it lost
+    assert await store.load_snapshot(ids["a"], 1) == (5, b"header")
     async with await open_store(urls[0], tenant=ALL_TENANTS) as operator:
+        assert await operator.load_snapshot(ids["b"], 1) == (2, b"state")
+        assert await operator.load_snapshot_segments(ids["b"], 1) == [(-3, b"segment")]
         assert [e.data.get("text") for e in await operator.read(ids["b"])] == [None, "for globex"]
         assert [e.data.get("text") for e in await operator.read(ids["none"])] == [None, "for nobody"]
         assert await operator.session_info(f"{ids['a']}-2") is None
@@ -279,6 +286,7 @@ async def test_every_row_carries_its_sessions_tenant(urls, ids):
         await store.append(texts(ids["a"], 3, "y"))  # the known-rows statement
         await store.append(texts(ids["a"], 250, "z"))  # COPY where the role may
         await store.save_snapshot(ids["a"], 9, 1, b"state")
+        assert await store.save_snapshot_over(ids["a"], 1, [(-8, b"segment"), (10, b"header")], {-3})
         async with bulk_import(store) as imp:
             await imp.add([started(fresh["acme"]), *texts(fresh["acme"], 250)])
     async with await open_store(operator_url, tenant=ALL_TENANTS) as operator:

@@ -3,16 +3,30 @@ and PostgreSQL)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import orjson
 import pytest
+from projection_timeline import Tape
 from test_context_store import call_session, stored
 
+from calltape.errors import CalltapeError, SessionNotFound
 from calltape.events import Event
-from calltape.eventstore import EventStore
-from calltape.projections import FOLD_VERSION, SnapshotMismatch, SnapshotPolicy, build_context, fold_events, segments
+from calltape.eventstore import EventStore, open_store
+from calltape.eventstore.redact_stored import redact_session
+from calltape.projections import (
+    FOLD_VERSION,
+    ContextFold,
+    SnapshotMismatch,
+    SnapshotPolicy,
+    build_context,
+    fold_events,
+    segments,
+    snapshot_now,
+)
 from calltape.projections.snapshot import Segment
+from calltape.redaction import Redactor
 
 
 def refs(header: bytes) -> list[str]:
@@ -97,3 +111,71 @@ async def test_a_store_without_segment_methods_gets_the_blob(store: EventStore) 
     assert loaded is not None and loaded[1] == fold_events(events[:20]).to_snapshot()
     assert not await store.load_snapshot_segments(events[0].session, FOLD_VERSION)
     assert isinstance(events[0], Event)
+
+
+CARD = "4111 1111 1111 1111"
+
+
+def card_call(name: str, turns: int = 30) -> Tape:
+    """A call with a card number said in its third turn (inside the first frozen segment), its last tool
+    settled too: the fold is clean at its end, so a live fold is saved as it is."""
+    tape = call_session(name, turns)
+    (said,) = (e for e in tape.events if e.data.get("text") == "question 2")
+    said.data["text"] = f"my card is {CARD}"
+    tape.result(f"c{turns - 1}", {"i": turns - 1})
+    return tape
+
+
+def holds_card(fold: ContextFold) -> bool:
+    return CARD in orjson.dumps(fold.native()).decode()
+
+
+async def rows_hold_card(store: EventStore, session: str) -> bool:
+    """Whether any snapshot row of the session (a header or a segment) holds the card."""
+    header = await store.load_snapshot(session, FOLD_VERSION)
+    rows = [body for _, body in await store.load_snapshot_segments(session, FOLD_VERSION)]
+    return any(CARD.encode() in row for row in [*rows, *([header[1]] if header else [])])
+
+
+async def test_a_redacted_value_never_comes_back_from_a_snapshot(store: EventStore, store_url: str) -> None:
+    events = await stored(store, card_call("red"))
+    session = events[0].session
+    live = await build_context(store, session, snapshots=SnapshotPolicy(every=50))  # held by a live process
+    assert holds_card(live) and live.clean and await rows_hold_card(store, session)
+    report = await redact_session(store, session, Redactor(kinds=("card",)))
+    assert report.events == 1
+    assert not await rows_hold_card(store, session)  # redaction dropped the snapshots
+    # the process that held the fold saves it after the rewrite (a snapshot taken across the redaction)
+    assert await snapshot_now(store, session, live) == 0  # refused: it holds what the redaction removed
+    assert not await rows_hold_card(store, session)
+    for cold in (False, True):  # this process (its segment cache warm), then a cold one
+        if cold:
+            segments.CACHE.clear()
+        again = await build_context(store, session, snapshots=SnapshotPolicy(every=50))
+        assert not holds_card(again)
+        async with await open_store(store_url) as fresh:
+            assert not holds_card(await build_context(fresh, session, snapshots=None))
+        assert not await rows_hold_card(store, session)
+
+
+async def test_an_erased_session_reads_as_gone_whatever_a_process_held(store: EventStore, store_url: str) -> None:
+    events = await stored(store, card_call("erased"))
+    session = events[0].session
+    live = await build_context(store, session, snapshots=SnapshotPolicy(every=50))
+    assert live.clean and await store.load_snapshot(session, FOLD_VERSION) is not None
+    await store.erase(session)
+    with pytest.raises(SessionNotFound):
+        await snapshot_now(store, session, live)
+    # a save that was under way when the erasure committed (its capture taken before) stores nothing
+    with contextlib.suppress(CalltapeError):
+        await segments.save(store, session, live.capture())
+    for cold in (False, True):
+        if cold:
+            segments.CACHE.clear()
+        for reader in (store, None):
+            async with contextlib.AsyncExitStack() as stack:
+                s = reader or await stack.enter_async_context(await open_store(store_url))
+                with pytest.raises(SessionNotFound):
+                    await build_context(s, session)
+                assert await s.load_snapshot(session, FOLD_VERSION) is None
+                assert await s.load_snapshot_segments(session, FOLD_VERSION) == []
