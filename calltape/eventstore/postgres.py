@@ -479,17 +479,9 @@ class PostgresEventStore(SqlEventStore):
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def read(
-        self,
-        session: str,
-        *,
-        after_seq: int = 0,
-        to_seq: int | None = None,
-        limit: int | None = None,
-        types: Collection[str] | None = None,
+    async def _read_events(
+        self, session: str, after_seq: int, to_seq: int | None, limit: int | None, types: Collection[str] | None
     ) -> list[Event]:
-        if types is not None and not types:
-            return []
         owner = self._filters()
         if owner and not self.inline_owner and await self._hidden(session):
             return []

@@ -344,17 +344,9 @@ class SqlEventStore(EventStore):
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def read(
-        self,
-        session: str,
-        *,
-        after_seq: int = 0,
-        to_seq: int | None = None,
-        limit: int | None = None,
-        types: Collection[str] | None = None,
+    async def _read_events(
+        self, session: str, after_seq: int, to_seq: int | None, limit: int | None, types: Collection[str] | None
     ) -> list[Event]:
-        if types is not None and not types:
-            return []
         if await self._hidden(session):
             return []
         query = _read(to_seq is not None, limit is not None, types is not None)

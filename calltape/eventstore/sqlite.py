@@ -392,18 +392,12 @@ class SqliteEventStore(SqlEventStore):
         async with translate_errors(self.url):
             return await self._writer.run(append)
 
-    async def read(
-        self,
-        session: str,
-        *,
-        after_seq: int = 0,
-        to_seq: int | None = None,
-        limit: int | None = None,
-        types: Collection[str] | None = None,
+    async def _read_events(
+        self, session: str, after_seq: int, to_seq: int | None, limit: int | None, types: Collection[str] | None
     ) -> list[Event]:
         reads = self._reads
-        if reads is None or (types is not None and not types):
-            return await super().read(session, after_seq=after_seq, to_seq=to_seq, limit=limit, types=types)
+        if reads is None:
+            return await super()._read_events(session, after_seq, to_seq, limit, types)
         sql = _READ
         args: list[Any] = [session, after_seq]
         if types is not None:  # a few of the call's events: the rest is neither copied out nor decoded

@@ -134,7 +134,6 @@ class EventReader(ABC):
     feed) need. One session's log and summary, the list of sessions, the global feed and its
     subscription, fold snapshots."""
 
-    @abstractmethod
     async def read(
         self,
         session: str,
@@ -149,6 +148,16 @@ class EventReader(ABC):
         ``types``: only events of these types, filtered by the database (``limit`` counts those): a
         caller that needs a few of a long call's events (the effect API's ``tool.effect``) does not
         fetch and decode the call. An empty collection reads nothing."""
+        if types is not None and not types:
+            return []
+        return await self._read_events(session, after_seq, to_seq, limit, types)
+
+    @abstractmethod
+    async def _read_events(
+        self, session: str, after_seq: int, to_seq: int | None, limit: int | None, types: Collection[str] | None
+    ) -> list[Event]:
+        """:meth:`read` for a backend (``types`` is None or not empty), so the signature is written once,
+        above."""
 
     @abstractmethod
     async def seq_at_time(self, session: str, at_ms: int) -> int:
