@@ -24,6 +24,8 @@ from calltape.events import Event, EventData, make_event
 from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.projections.context import DEFAULT_POLICY, SnapshotPolicy
+from calltape.runtime.livesnap import LiveSnapshots
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
@@ -82,6 +84,7 @@ class CallSession:
         epoch: int | None,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        snapshots: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> None:
         self.recorder = recorder
         self.session_id = session_id
@@ -123,6 +126,8 @@ class CallSession:
                 handler(events, error)
 
         weakref.finalize(self, recorder.watch(session_id, on_refused))
+        self.snapshots = None if snapshots is None else LiveSnapshots(recorder, session_id, snapshots, base=fold.seq)
+        """Saves snapshots of the session as its events commit (:mod:`calltape.runtime.livesnap`); None: off."""
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -140,9 +145,21 @@ class CallSession:
         metadata: EventData = None,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        snapshots: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> CallSession:
-        """Opens a new session (epoch 1); ``session.started`` is durable when this returns."""
-        call = cls(recorder, session_id, ContextFold(session_id), agent=agent, epoch=1, tools=tools, bus=bus)
+        """Opens a new session (epoch 1); ``session.started`` is durable when this returns.
+
+        ``snapshots``: how often the live call saves a snapshot as it runs (None: never)."""
+        call = cls(
+            recorder,
+            session_id,
+            ContextFold(session_id),
+            agent=agent,
+            epoch=1,
+            tools=tools,
+            bus=bus,
+            snapshots=snapshots,
+        )
         data: dict[str, Any] = {"agent": agent, "modality": modality}
         for key, value in (
             ("instructions", instructions),
@@ -163,11 +180,14 @@ class CallSession:
         *,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        snapshots: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> CallSession:
         """Continues an existing session (e.g. after :func:`calltape.runtime.resume`) at its current epoch."""
         await recorder.flush()
         fold = await build_context(recorder.store, session_id)
-        return cls(recorder, session_id, fold, agent=fold.agent, epoch=fold.epoch, tools=tools, bus=bus)
+        return cls(
+            recorder, session_id, fold, agent=fold.agent, epoch=fold.epoch, tools=tools, bus=bus, snapshots=snapshots
+        )
 
     # -- recording ---------------------------------------------------------------------------
 
