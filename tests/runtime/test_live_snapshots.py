@@ -199,3 +199,34 @@ async def test_snapshot_plus_tail_is_the_full_fold(store: EventStore, session_id
     segments.CACHE.clear()
     rebuilt = await build_context(store, session_id, snapshots=None)
     assert rebuilt.to_snapshot() == fold_events(await store.read(session_id), session_id).to_snapshot()
+
+
+async def test_live_snapshots_hold_what_redaction_wrote_not_what_the_caller_said(
+    store_url: str, session_id: str
+) -> None:
+    """The live context keeps the caller's card number (a payment tool may need it); the snapshots are
+    of the log, so they hold the redacted text, like every context rebuilt from it."""
+    from calltape.eventstore import open_store
+    from calltape.redaction import Redactor
+
+    store = await open_store(store_url, redactor=Redactor(hold_ms=0))
+    try:
+        async with live_call(store, session_id) as live:
+            snaps = snapshots_of(live)
+            for k in range(12):
+                turn(live.call, k)
+                live.call.emit("user.transcript", {"text": "my card is 4111 1111 1111 1111", "final": True})
+                reply(live.call, f"c{k}", "thanks")
+                live.call.emit("agent.speech.started", {"reply": f"c{k}"})
+                live.call.emit("agent.speech.ended", {"reply": f"c{k}", "interrupted": False})
+            await live.call.emit_durable("x.turn", {})
+            await snaps.settled()
+            assert "4111 1111 1111 1111" in str(live.call.context())
+            assert snaps.saved >= 1
+        engine = store.engine  # type: ignore[attr-defined]
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT state FROM ct_snapshots WHERE session = :s"), {"s": session_id})
+            states = [bytes(r[0]) for r in rows]
+        assert states and not any(b"4111" in s for s in states)
+    finally:
+        await store.close()
