@@ -457,6 +457,23 @@ class SqlEventStore(EventStore):
                 ],
             )
 
+    async def save_snapshot_with_segments(
+        self, session: str, version: int, seq: int, header: bytes, segments: Sequence[tuple[int, bytes]]
+    ) -> None:
+        """:meth:`save_snapshot_segments` then :meth:`save_snapshot`, in one transaction: a live call's
+        save holds the writer (SQLite's one write lock) once, not twice."""
+        if await self._hidden(session):
+            return
+        now = now_ms()
+        rows = [
+            {"session": session, "version": version, "seq": s, "state": b, "created_at_ms": now} for s, b in segments
+        ]
+        rows.append({"session": session, "version": version, "seq": seq, "state": header, "created_at_ms": now})
+        async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
+                return  # erased (or never stored): nothing to keep
+            await db.executemany(_SAVE_SNAPSHOT, rows)
+
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""
         if await self._hidden(session):

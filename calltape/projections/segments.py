@@ -18,8 +18,9 @@ A process that restores a call again (a resume, a handoff, a rebuild) so reads t
 tail, not the call. Any doubt (a missing segment, a key that does not match, lengths that do not
 add up) is :class:`~calltape.errors.SnapshotMismatch`, and the caller folds from seq 1.
 
-A store without the two segment methods (a test double that only has ``save_snapshot`` and
-``load_snapshot``) gets the inline blob (:meth:`Captured.to_bytes`), as before.
+Saving writes the new segments and the header in one transaction where the store can
+(``save_snapshot_with_segments``). A store without the two segment methods (a test double that only
+has ``save_snapshot`` and ``load_snapshot``) gets the inline blob (:meth:`Captured.to_bytes`), as before.
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ async def save(store: Any, session: str, captured: Captured) -> None:
         await store.save_snapshot(session, captured.seq, FOLD_VERSION, captured.to_bytes())
         return
     new = [s for s in captured.segments if not s.saved]
+    together = getattr(store, "save_snapshot_with_segments", None)
+    if together is not None:  # one transaction (the SQL stores)
+        bodies = [(slot(s.key), s.body()) for s in new]
+        await together(session, FOLD_VERSION, captured.seq, header_bytes(captured), bodies)
+        for segment in new:
+            segment.saved = True
+            CACHE.put(segment)
+        return
     if new:
         await store.save_snapshot_segments(session, FOLD_VERSION, [(slot(s.key), s.body()) for s in new])
         for segment in new:
