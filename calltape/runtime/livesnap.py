@@ -158,7 +158,7 @@ class LiveSnapshots:
         except SessionNotFound:
             self.stop()  # erased meanwhile
         except Exception as exc:  # a snapshot is a cache: never fail the call, never log content
-            log.warning("calltape: a live snapshot of a session could not be saved (%s)", type(exc).__name__)
+            log.warning("calltape: a live snapshot of session %s was not saved (%s)", self.session, type(exc).__name__)
 
     async def _save_due(self) -> None:
         if _ErasuresHere.count != self._erasures:  # this process erased or rewrote something: rebuild
