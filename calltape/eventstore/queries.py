@@ -233,6 +233,11 @@ async def owns(db: Db, session: str, tenant: str | None) -> bool:
 _SESSION_FOR_UPDATE = Query(
     lambda _: select(sessions.c.tenant, sessions.c.last_at_ms).where(_session_is(sessions)).with_for_update()
 )
+_SESSION_FOR_SHARE = Query(lambda _: select(sessions.c.session).where(_session_is(sessions)).with_for_update(read=True))
+"""A snapshot save's lock on its session row: an erasure (``FOR UPDATE``) waits for the save to commit,
+and then deletes what it wrote; a save that waited for an erasure finds no row and writes nothing.
+Without it a save racing an erasure could commit its rows after the erasure deleted the snapshots
+(PostgreSQL, read committed): content of an erased session left in ``ct_snapshots``."""
 _TOMBSTONE = Query(
     lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events, tombstones.c.tenant).where(
         _session_is(tombstones)
@@ -452,6 +457,8 @@ class SqlEventStore(EventStore):
         if await self._hidden(session):
             return
         async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
+                return  # erased (or never stored): nothing to keep
             await db.execute(
                 _SAVE_SNAPSHOT, session=session, version=version, seq=seq, state=state, created_at_ms=now_ms()
             )
@@ -472,6 +479,8 @@ class SqlEventStore(EventStore):
             return
         now = now_ms()
         async with self._db(write=True) as db:
+            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
+                return  # erased (or never stored): nothing to keep
             await db.executemany(
                 _SAVE_SNAPSHOT,
                 [

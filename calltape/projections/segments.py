@@ -22,8 +22,10 @@ A process that restores a call again (a resume, a handoff, a rebuild) so reads t
 tail, not the call. Any doubt (a missing segment, a key that does not match, lengths that do not
 add up) is :class:`~calltape.errors.SnapshotMismatch`, and the caller folds from seq 1.
 
-A store without the two segment methods (a test double that only has ``save_snapshot`` and
-``load_snapshot``) gets the inline blob (:meth:`Captured.to_bytes`), as before.
+Saving writes the new segments and the header in one transaction where the store can
+(``save_snapshot_over``: under the session's row lock, and only while the segments it builds on are
+still stored). A store without the two segment methods (a test double that only
+has ``save_snapshot`` and ``load_snapshot``) gets the inline blob (:meth:`Captured.to_bytes`), as before.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from calltape.events import Event, EventData, make_event
 from calltape.eventstore.recorder import Recorder
 from calltape.loopclock import settle
 from calltape.projections import ContextFold, ToolCallState, build_context, render
+from calltape.projections.context import DEFAULT_POLICY, SnapshotPolicy
+from calltape.runtime.livesnap import LiveSnapshots
 from calltape.runtime.protocol import LiveCall
 from calltape.runtime.recovery import RECOVERY_EVENT_TYPE, Recovery, RecoveryBus, recoveries, report_fenced_writes
 from calltape.runtime.tools import ToolRunner
@@ -80,6 +82,9 @@ class StartOptions(TypedDict, total=False):
     """The application's own data about the call."""
     tools: Mapping[str, ToolSpec] | None
     """The call's tool specs by tool name."""
+    snapshots: SnapshotPolicy | None
+    """How often the live call saves a snapshot of what it committed, as it runs (default: every 1,000
+    events, at the next clean point); None: never, and a resume after a drop folds the whole call."""
 
 
 class CallSession:
@@ -100,6 +105,7 @@ class CallSession:
         epoch: int | None,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        snapshots: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> None:
         self.recorder = recorder
         self.session_id = session_id
@@ -141,6 +147,8 @@ class CallSession:
                 handler(events, error)
 
         weakref.finalize(self, recorder.watch(session_id, on_refused))
+        self.snapshots = None if snapshots is None else LiveSnapshots(recorder, session_id, snapshots, base=fold.seq)
+        """Saves snapshots of the session as its events commit (:mod:`calltape.runtime.livesnap`); None: off."""
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -156,7 +164,17 @@ class CallSession:
     ) -> CallSession:
         """Opens a new session (epoch 1); ``session.started`` is durable when this returns."""
         tools = options.get("tools")
-        call = cls(recorder, session_id, ContextFold(session_id), agent=agent, epoch=1, tools=tools, bus=bus)
+        snapshots = options.get("snapshots", DEFAULT_POLICY)
+        call = cls(
+            recorder,
+            session_id,
+            ContextFold(session_id),
+            agent=agent,
+            epoch=1,
+            tools=tools,
+            bus=bus,
+            snapshots=snapshots,
+        )
         data: dict[str, Any] = {"agent": agent, "modality": options.get("modality", "voice")}
         given: Mapping[str, Any] = options
         for key in ("instructions", "tenant", "framework", "metadata"):
@@ -174,11 +192,14 @@ class CallSession:
         *,
         tools: Mapping[str, ToolSpec] | None = None,
         bus: RecoveryBus | None = None,
+        snapshots: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> CallSession:
         """Continues an existing session (e.g. after :func:`calltape.runtime.resume`) at its current epoch."""
         await recorder.flush()
         fold = await build_context(recorder.store, session_id)
-        return cls(recorder, session_id, fold, agent=fold.agent, epoch=fold.epoch, tools=tools, bus=bus)
+        return cls(
+            recorder, session_id, fold, agent=fold.agent, epoch=fold.epoch, tools=tools, bus=bus, snapshots=snapshots
+        )
 
     # -- recording ---------------------------------------------------------------------------
 
