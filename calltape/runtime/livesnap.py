@@ -36,7 +36,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from calltape.errors import SessionNotFound
 from calltape.events import Event
@@ -77,14 +77,14 @@ class _Router:
             snap.maybe_save()
 
 
-_ROUTERS: weakref.WeakKeyDictionary[Any, _Router] = weakref.WeakKeyDictionary()
-
-
 def _router(recorder: Recorder) -> _Router:
-    router = _ROUTERS.get(recorder)
-    if router is None:
-        router = _ROUTERS[recorder] = _Router()
-        recorder.on_commit.append(router)
+    """The recorder's one router: found among its commit observers (it lives as long as the recorder,
+    and no registry outside the recorder maps recorders to routers)."""
+    for observer in recorder.on_commit:
+        if isinstance(observer, _Router):
+            return observer
+    router = _Router()
+    recorder.on_commit.append(router)
     return router
 
 
