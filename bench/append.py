@@ -50,9 +50,9 @@ class Capture:
         self.lag: list[float] = []
         self.track_lag = False
         self._orig = store.append
+        self._orig_ahead = store.append_ahead
 
-        async def append(events: Sequence[Event], **kw: Any) -> list[Event]:
-            result = await self._orig(events, **kw)
+        def committed(events: Sequence[Event]) -> None:
             self.batches.append(len(events))
             if self.track_lag:
                 now = time.perf_counter()
@@ -61,12 +61,24 @@ class Capture:
                     t = emitted.pop(e.id, None)
                     if t is not None:
                         self.lag.append(now - t)
+
+        async def append(events: Sequence[Event], **kw: Any) -> list[Event]:
+            result = await self._orig(events, **kw)
+            committed(events)
+            return result
+
+        async def append_ahead(events: Sequence[Event]) -> list[Event]:
+            # (a batch the store could not write ahead is appended again: counted once, when it commits)
+            result = await self._orig_ahead(events)
+            committed(events)
             return result
 
         store.append = append  # type: ignore[method-assign]
+        store.append_ahead = append_ahead  # type: ignore[method-assign]
 
     def close(self) -> None:
-        del self.store.append  # back to the class method
+        del self.store.append  # back to the class methods
+        del self.store.append_ahead
 
 
 def burst_timelines(sessions: int, per_session: int, seed: int) -> list[tuple[str, list[Step]]]:

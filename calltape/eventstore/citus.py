@@ -768,6 +768,8 @@ class CitusEventStore(PostgresEventStore):
     durable_lanes = 1
     """One session's durable append beside the batch (whose worker transactions take up to 8 of the
     pool's 10 connections)."""
+    pipelines = False
+    """A batch asks for its sessions' placements before it plans: nothing to plan ahead against."""
     parallel_shards = 8
     """Worker transactions of one append run side by side, at most this many (the pool keeps 10
     connections; more would open and close connections, each of which Citus connects to its workers)."""

@@ -20,13 +20,13 @@ from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from calltape.errors import ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
+from calltape.errors import CalltapeError, ConcurrencyConflict, FencedWrite, InvalidEvent, StoreUnavailable
 from calltape.events import Event
 from calltape.eventstore.append_plan import AppendPlan, SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, ROW_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import ChangeWaiter, FeedPosition, checked_batch
+from calltape.eventstore.store import AppendNotAhead, ChangeWaiter, FeedPosition, checked_batch
 from calltape.eventstore.tenancy import (
     CHANNEL,
     ERASED,
@@ -76,24 +76,36 @@ WITH v AS (
 
 
 def _known_append(with_events: bool) -> str:
-    """The append of a writer that knows its sessions' rows (cached from its own last append): one
-    statement writes the summaries, checked to be still the ones it planned against (each row's
-    ``last_seq`` — every change to a session row goes through an append that moves it), inserts the
-    events (``with_events``) and NOTIFYs. A row that moved (another writer, an erasure, another
-    tenant's row) makes the guard divide by zero, which aborts the whole statement: nothing is
-    written and the append is decided again under the session locks."""
+    """The append of a writer that knows its sessions' rows (cached from its own last append, or as an
+    append in flight will leave them): one statement writes the summaries, checked to be still the ones
+    it planned against (each row's ``last_seq``: every change to a session row goes through an append
+    that moves it), inserts the events (``with_events``) and NOTIFYs. The check is in the ``SET``, whose
+    value ``RETURNING`` reports as the server computed it on the row's newest version, once any writer
+    holding the row has finished (a ``WHERE`` is judged on the statement's snapshot first, so a row an
+    append in flight is about to move would be skipped, not waited for; and the ``SET`` is computed on
+    that snapshot's version first too, so it marks a mismatch with -1 rather than failing there). A row
+    that moved (another writer, an erasure, another tenant's row, the append in flight this one was
+    planned behind rolled back) makes the guard divide by zero, which aborts the whole statement:
+    nothing is written and the append is decided again."""
     n = len(SESSION_COLUMNS)
     insert = f"INSERT INTO ct_events ({_names(ROW_COLUMNS)}) SELECT * FROM unnest({_arrays(ROW_COLUMNS, n + 2)})"
     events = f", e AS ({insert})" if with_events else ""
+    sets = [
+        f"{c.name} = v.{c.name}"
+        if c.name != "last_seq"
+        else "last_seq = CASE WHEN s.last_seq = v.old_last_seq THEN v.last_seq ELSE -1 END"
+        for c in SESSION_COLUMNS[1:]
+    ]
     return f"""
 WITH v AS (
     SELECT * FROM unnest({_arrays(SESSION_COLUMNS)}, ${n + 1}::int[]) AS v({_names(SESSION_COLUMNS)}, old_last_seq)
 ), u AS (
-    UPDATE ct_sessions s SET {", ".join(f"{c.name} = v.{c.name}" for c in SESSION_COLUMNS[1:])}
-    FROM v WHERE s.session = v.session AND s.last_seq = v.old_last_seq
-    RETURNING 1
+    UPDATE ct_sessions s SET {", ".join(sets)}
+    FROM v WHERE s.session = v.session
+    RETURNING s.last_seq
 ){events}, guard AS (
-    SELECT 1 / (CASE WHEN (SELECT count(*) FROM u) = (SELECT count(*) FROM v) THEN 1 ELSE 0 END) AS ok
+    SELECT 1 / (CASE WHEN (SELECT count(*) FROM u WHERE last_seq >= 0) = (SELECT count(*) FROM v)
+                THEN 1 ELSE 0 END) AS ok
 )
 {NOTIFY_TENANTS}, guard WHERE guard.ok = 1
 """
@@ -101,6 +113,7 @@ WITH v AS (
 
 _KNOWN_APPEND = _known_append(with_events=True)
 _KNOWN_SUMMARIES = _known_append(with_events=False)
+_BEGIN_BEHIND = "BEGIN; SET LOCAL lock_timeout = '500ms'"
 
 COPY_FROM: Final = 200
 """A batch of this many events or more goes in by COPY (cheaper per row than arrays, one round trip more)."""
@@ -265,16 +278,41 @@ class PgWriter(AppendWriter):
         """Writes a plan made against ``known`` session rows: one statement (summaries checked and
         written, events inserted, NOTIFY), or for a large batch that statement's summaries and a COPY in
         one transaction. Raises ``DivisionByZeroError`` when a row is no longer what ``known`` says."""
-        # in session order, as lock_sessions takes them: the update locks rows in the order it meets them
-        rows = sorted(plan.rows.values(), key=lambda r: r.session)
-        summaries = [[getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS]
-        summaries.append([known[r.session].last_seq for r in rows])
+        summaries = self._summaries(plan, known)
         if len(plan.inserts) < COPY_FROM or not self.copy_in:
             await self.conn.execute(_KNOWN_APPEND, *summaries, *self._event_columns(plan.inserts, plan.rows))
             return
         async with self.conn.transaction():
             await self.conn.execute(_KNOWN_SUMMARIES, *summaries)
             await self.insert(plan.inserts, plan.rows)
+
+    async def append_behind(self, plan: AppendPlan, known: Mapping[str, SessionInfo]) -> None:
+        """:meth:`append_known` for a plan made against the rows an append in flight will leave: the
+        events go in first, beside that append's (the server does both at once), then the summaries,
+        which wait for its row locks and check it left what was planned. ``lock_timeout`` bounds that
+        wait, so a lock cycle with a writer that took the rows first (and waits on these events' unique
+        keys) ends in well under the server's deadlock check."""
+        summaries = self._summaries(plan, known)
+        conn = self.conn
+        await conn.execute(_BEGIN_BEHIND)  # (one round trip for both: asyncpg's transaction() sends BEGIN alone)
+        try:
+            await self.insert(plan.inserts, plan.rows)
+            await conn.execute(_KNOWN_SUMMARIES, *summaries)
+        except BaseException:
+            if not conn.is_closed():
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+
+    @staticmethod
+    def _summaries(plan: AppendPlan, known: Mapping[str, SessionInfo]) -> list[list[Any]]:
+        """``SESSION_COLUMNS`` as arrays, then each row's ``last_seq`` as planned against."""
+        # in session order, as lock_sessions takes them: the update locks rows in the order it meets them
+        rows = sorted(plan.rows.values(), key=lambda r: r.session)
+        summaries = [[getattr(r, c.name) for r in rows] for c in SESSION_COLUMNS]
+        summaries.append([known[r.session].last_seq for r in rows])
+        return summaries
 
 
 class PostgresEventStore(SqlEventStore):
@@ -287,10 +325,13 @@ class PostgresEventStore(SqlEventStore):
     """Whether row-level security holds the connected role (set by ``open_store``): then the database keeps
     the store to its tenant, otherwise calltape filters as on SQLite."""
     writer_class: type[PgWriter] = PgWriter
+    """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
     durable_lanes = 4
     """Appends of different sessions commit side by side, each on a pooled connection of its own (the
-    session rows are the only locks an append takes); four lanes and the batch keep within the pool's 10."""
-    """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
+    session rows are the only locks an append takes); four lanes, the batch and the batch ahead of it
+    keep within the pool's 10."""
+    pipelines = True
+    """The recorder writes its next batch while one is in flight (:meth:`append_ahead`)."""
     inline_owner = True
     """Whether a read checks the session's tenant inside its own statement (Citus asks first, apart: a
     statement is routed to one shard only when every table in it is pinned to the session)."""
@@ -304,6 +345,10 @@ class PostgresEventStore(SqlEventStore):
         self._known: dict[str, SessionInfo] = {}
         """Session rows as this store's own appends left them, oldest first: a batch whose sessions are
         all here is planned against them and written in one statement that checks they still hold."""
+        self._ahead: dict[str, SessionInfo] = {}
+        """Session rows as the appends in flight will leave them (see :meth:`append_ahead`)."""
+        self._behind: set[asyncio.Future[None]] = set()
+        """The :meth:`append_ahead` writes in flight, each done when its transaction has ended."""
 
     def _known_rows(self, sessions: Sequence[str]) -> dict[str, SessionInfo] | None:
         known = self._known
@@ -313,7 +358,9 @@ class PostgresEventStore(SqlEventStore):
     def _remember(self, rows: Mapping[str, SessionInfo]) -> None:
         known = self._known
         for session, row in rows.items():
-            known.pop(session, None)
+            old = known.pop(session, None)
+            if old is not None and old.last_seq > row.last_seq:
+                row = old  # an append that committed after this one (ahead of it) left it newer
             if row.last_seq > 0:  # a row only locked, never written, may still be another writer's to start
                 known[session] = row
         while len(known) > SESSION_CACHE:
@@ -432,50 +479,132 @@ class PostgresEventStore(SqlEventStore):
         sessions = sorted({e.session for e in events})
         known = self._known_rows(sessions)
         self._forget(sessions)  # remembered again below only from a committed append
-        async with self._connection() as conn:
-            writer = self.writer_class(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
-            first = 0
-            if known is not None:
-                # The writer's own sessions, as its last append left them: plan against those rows
-                # and write in one statement that checks them (no lock, no lookup round trip).
+        plan: AppendPlan | None = None
+        first = 0
+        if known is not None:
+            # The writer's own sessions, as its last append left them: planned before any await, so an
+            # append ahead of this one (:meth:`append_ahead`) can plan against what this one leaves.
+            try:
+                plan = plan_append(events, known, {}, expected_seq)
+            except _DECIDE_AGAIN:
+                first = 1  # decided again under the locks, with the stored events looked up
+        held = self._hold_ahead(known, plan)
+        try:
+            async with self._connection() as conn:
+                writer = self.writer_class(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
+                if plan is not None and known is not None:
+                    # Written in one statement that checks the rows still hold (no lock, no lookup).
+                    try:
+                        async with self.appending(conn, writer, (r.tenant for r in known.values()), known=True):
+                            await writer.append_known(plan, known)
+                        self._remember({**known, **plan.rows})
+                        return plan.results
+                    except _DECIDE_AGAIN:
+                        first = 1
+                        # A write planned behind this one ends (its check fails) before this one takes
+                        # the locks: it holds unique keys this one may be about to insert.
+                        await self._behind_settled()
+                return await self._append_locked(conn, writer, events, sessions, expected_seq, first)
+        finally:
+            self._release_ahead(held)
+
+    async def _append_locked(
+        self,
+        conn: asyncpg.Connection,
+        writer: PgWriter,
+        events: Sequence[Event],
+        sessions: list[str],
+        expected_seq: int | None,
+        attempt: int,
+    ) -> list[Event]:
+        """The append under the session locks. Attempt 0 is optimistic: no stored duplicates (one round
+        trip fewer). Any surprise (an insert that met a stored id, or a rule that failed) is decided
+        again, for real, with the stored events looked up under the same session locks."""
+        deadlocks = 0
+        while True:
+            try:
+                async with self.appending(conn, writer, {self.tenant}, known=False):
+                    rows = await writer.lock_sessions(sessions)
+                    stored = await writer.lookup(events, rows) if attempt else {}
+                    plan = plan_append(events, rows, stored, expected_seq)
+                    if plan.inserts:
+                        if not attempt:
+                            await writer.insert_and_update(plan.inserts, plan.rows)
+                        else:
+                            if await writer.insert_new(plan.inserts, plan.rows) != len(plan.inserts):
+                                raise _StoredDuplicate
+                            await writer.update_sessions(list(plan.rows.values()))
+                self._remember({**rows, **plan.rows})
+                return plan.results
+            except asyncpg.DeadlockDetectedError:
+                # The server broke a lock cycle with another writer by rolling this transaction back
+                # whole: nothing of it was written, so it is decided again under the locks.
+                deadlocks += 1
+                if deadlocks > DEADLOCK_RETRIES:
+                    raise
+                attempt = 1
+            except _DECIDE_AGAIN:
+                if attempt:
+                    raise
+                attempt = 1
+
+    async def append_ahead(self, events: Sequence[Event]) -> list[Event]:
+        """Planned against the rows the appends in flight will leave (or this store's own last ones) and
+        written in one statement that checks them: the server makes it wait for those appends' row
+        locks, and it commits only if they committed what they planned. Raises :class:`AppendNotAhead`,
+        having written nothing, when its sessions are not all known or the rows turn out otherwise."""
+        events = checked_batch(events)
+        if not events:
+            return []
+        events = admit(self._redact(events), self.tenant, self.all_tenants)
+        sessions = sorted({e.session for e in events})
+        ahead, known = self._ahead, self._known
+        rows: dict[str, SessionInfo] = {}
+        for session in sessions:
+            row = ahead.get(session) or known.get(session)
+            if row is None:
+                raise AppendNotAhead
+            rows[session] = row
+        try:
+            plan = plan_append(events, rows, {}, None)
+        except CalltapeError as exc:
+            raise AppendNotAhead from exc
+        self._forget(sessions)
+        held = self._hold_ahead(rows, plan)
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._behind.add(ended)
+        try:
+            async with self._connection() as conn:
+                writer = self.writer_class(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
                 try:
-                    plan = plan_append(events, known, {}, expected_seq)
-                    async with self.appending(conn, writer, (r.tenant for r in known.values()), known=True):
-                        await writer.append_known(plan, known)
-                    self._remember({**known, **plan.rows})
-                    return plan.results
-                except _DECIDE_AGAIN:
-                    first = 1  # decided again under the locks, with the stored events looked up
-            # Attempt 0 is optimistic: no stored duplicates (one round trip fewer). Any surprise —
-            # an insert that met a stored id, or a rule that failed — is decided again, for real,
-            # with the stored events looked up under the same session locks.
-            attempt, deadlocks = first, 0
-            while True:
-                try:
-                    async with self.appending(conn, writer, {self.tenant}, known=False):
-                        rows = await writer.lock_sessions(sessions)
-                        stored = await writer.lookup(events, rows) if attempt else {}
-                        plan = plan_append(events, rows, stored, expected_seq)
-                        if plan.inserts:
-                            if not attempt:
-                                await writer.insert_and_update(plan.inserts, plan.rows)
-                            else:
-                                if await writer.insert_new(plan.inserts, plan.rows) != len(plan.inserts):
-                                    raise _StoredDuplicate
-                                await writer.update_sessions(list(plan.rows.values()))
-                    self._remember({**rows, **plan.rows})
-                    return plan.results
-                except asyncpg.DeadlockDetectedError:
-                    # The server broke a lock cycle with another writer by rolling this transaction back
-                    # whole: nothing of it was written, so it is decided again under the locks.
-                    deadlocks += 1
-                    if deadlocks > DEADLOCK_RETRIES:
-                        raise
-                    attempt = 1
-                except _DECIDE_AGAIN:
-                    if attempt:
-                        raise
-                    attempt = 1
+                    await writer.append_behind(plan, rows)
+                except (*_DECIDE_AGAIN, asyncpg.LockNotAvailableError) as exc:
+                    raise AppendNotAhead from exc
+        finally:
+            self._behind.discard(ended)
+            ended.set_result(None)
+            self._release_ahead(held)
+        self._remember({**rows, **plan.rows})
+        return plan.results
+
+    async def _behind_settled(self) -> None:
+        """Waits until the :meth:`append_ahead` writes now in flight have ended."""
+        if self._behind:
+            await asyncio.wait(list(self._behind))
+
+    def _hold_ahead(self, known: Mapping[str, SessionInfo] | None, plan: AppendPlan | None) -> dict[str, SessionInfo]:
+        """Marks the rows an append in flight will leave, for :meth:`append_ahead`; returns what it marked."""
+        if known is None or plan is None:
+            return {}
+        held = {**known, **plan.rows}
+        self._ahead.update(held)
+        return held
+
+    def _release_ahead(self, held: Mapping[str, SessionInfo]) -> None:
+        ahead = self._ahead
+        for session, row in held.items():
+            if ahead.get(session) is row:
+                del ahead[session]
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -536,18 +536,20 @@ class Recorder:
                     async with asyncio.timeout(self.max_delay):
                         await self._hurry.wait()
             while self._queue:
-                n = min(len(self._queue), self._batch_cap)
-                taken = [self._queue.popleft() for _ in range(n)]
-                batch = [p for p in taken if not p.withdrawn]
+                batch = self._take()
                 if not batch:
                     continue
-                n = len(batch)
-                self._durable -= sum(1 for p in batch if p.done is not None)
-                self._inflight = n
-                self._inflight_batch = batch
+                # A writer a batch or more behind sends the next batch while this one is in flight,
+                # planned against the rows this one will leave (the store checks they did).
+                ahead = self._take() if self._queue and self.store.pipelines else []
+                self._inflight = len(batch) + len(ahead)
+                self._inflight_batch = batch + ahead
                 if self.durable_lanes:
-                    self._busy = {p.event.session for p in batch}
-                await self._write(batch, loop)
+                    self._busy = {p.event.session for p in self._inflight_batch}
+                if ahead:
+                    await self._write_pipelined(batch, ahead, loop)
+                else:
+                    await self._write(batch, loop)
                 self._busy = set()
                 self._inflight = 0
                 self._inflight_batch = []
@@ -556,6 +558,40 @@ class Recorder:
             if not self._durable and not self._flush_waiters:
                 self._hurry.clear()
             self._idle.set()
+
+    def _take(self) -> list[_Pending]:
+        """The next batch off the queue (what was withdrawn meanwhile left out)."""
+        n = min(len(self._queue), self._batch_cap)
+        batch = [p for p in (self._queue.popleft() for _ in range(n)) if not p.withdrawn]
+        self._durable -= sum(1 for p in batch if p.done is not None)
+        return batch
+
+    async def _write_pipelined(
+        self, batch: list[_Pending], ahead: list[_Pending], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Writes ``batch`` with ``ahead`` sent behind it. What the store could not decide ahead (its
+        sessions' rows were not what ``batch`` left, or any error) is appended once ``batch`` is settled,
+        so each session's events still commit in emit order. An id in both (the same fact emitted twice)
+        is written in turn: the two inserts would wait on each other's unique keys."""
+        keys = {(p.event.session, p.event.id) for p in batch}
+        if any((p.event.session, p.event.id) in keys for p in ahead):
+            await self._write(batch, loop)
+            await self._write(ahead, loop)
+            return
+        sent = asyncio.ensure_future(self.store.append_ahead([p.event for p in ahead]))
+        try:
+            await self._write(batch, loop)
+            try:
+                stored = await sent
+            except Exception:
+                await self._write(ahead, loop)
+            else:
+                self._settle(ahead, stored)
+        finally:
+            if not sent.done():
+                sent.cancel()
+                with contextlib.suppress(BaseException):
+                    await sent
 
     async def _write(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
         try:

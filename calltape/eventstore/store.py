@@ -111,6 +111,10 @@ def checked_batch(events: object) -> Sequence[Event]:
     return events
 
 
+class AppendNotAhead(Exception):
+    """:meth:`EventStore.append_ahead` wrote nothing: append the batch after the one in flight."""
+
+
 class EventWriter(ABC):
     """The writing role of a store: what a writer (the recorder, the bulk import) needs. Appends and
     fold snapshots; nothing is ever changed in place here."""
@@ -318,10 +322,19 @@ class EventStore(EventWriter, EventReader, StoreAdmin):
     """How many appends of other sessions may commit on this store beside the recorder's batch in flight,
     each on a connection of its own: the recorder writes that many sessions' durable appends in lanes
     of their own instead of behind the batch. SQLite's writers take turns on one file lock: none."""
+    pipelines: bool = False
+    """Whether :meth:`append_ahead` may write: the recorder then sends its next batch while one is in flight."""
     write_groups: int = 1
     """How many transactions one append of many sessions commits side by side, each over its own share of
     the events (Citus: one per worker node holding shards). A recorder batch holds ``max_batch`` events
     for each, so that every transaction carries about what one PostgreSQL's would."""
+
+    async def append_ahead(self, events: Sequence[Event]) -> list[Event]:
+        """:meth:`append`, sent while another append of this store is in flight and decided against the
+        session rows that one will leave; it commits after it, and only if it committed what it planned.
+        Raises :class:`AppendNotAhead`, having written nothing, when it cannot decide so: the caller then
+        appends the batch once the one in flight is done. Only a store that :attr:`pipelines` does."""
+        raise AppendNotAhead
 
     def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
         """The batch with the store's redaction applied, unless a writer (the recorder) already did."""
