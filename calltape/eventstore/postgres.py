@@ -247,7 +247,7 @@ class PgWriter(AppendWriter):
         return {(r[0], r[1]) for r in rows}
 
     async def insert(self, events: Sequence[Event], rows: Mapping[str, SessionInfo]) -> None:
-        if not self.copy_in:
+        if not self.copy_in or len(events) < COPY_FROM:  # (a COPY costs a round trip more: few rows go as arrays)
             if await self.insert_new(events, rows) != len(events):
                 raise _StoredDuplicate
             return
@@ -356,6 +356,16 @@ class PostgresEventStore(SqlEventStore):
         """The :meth:`append_ahead` writes in flight, each done when its transaction has ended."""
         self._kept: list[tuple[AsyncConnection, asyncpg.Connection, asyncio.AbstractEventLoop]] = []
         """Write connections kept between writes (see :meth:`_connection`), each with its event loop."""
+
+    async def session_info(self, session: str) -> SessionInfo | None:
+        """The session's summary; also kept as this store's known row of it (a resume reads it before
+        its append, which is then one guarded statement, not a locked one: a row that moved since is
+        found by the guard, and the append is decided again under the lock)."""
+        info = await super().session_info(session)
+        if info is not None and info.last_seq > 0 and (self.all_tenants or info.tenant == self.tenant):
+            if session not in self._ahead:
+                self._remember({session: info.copy()})
+        return info
 
     def _known_rows(self, sessions: Sequence[str]) -> dict[str, SessionInfo] | None:
         known = self._known
