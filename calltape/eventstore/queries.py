@@ -233,11 +233,15 @@ async def owns(db: Db, session: str, tenant: str | None) -> bool:
 _SESSION_FOR_UPDATE = Query(
     lambda _: select(sessions.c.tenant, sessions.c.last_at_ms).where(_session_is(sessions)).with_for_update()
 )
-_SESSION_FOR_SHARE = Query(lambda _: select(sessions.c.session).where(_session_is(sessions)).with_for_update(read=True))
-"""A snapshot save's lock on its session row: an erasure (``FOR UPDATE``) waits for the save to commit,
-and then deletes what it wrote; a save that waited for an erasure finds no row and writes nothing.
-Without it a save racing an erasure could commit its rows after the erasure deleted the snapshots
-(PostgreSQL, read committed): content of an erased session left in ``ct_snapshots``."""
+_SESSION_FOR_SHARE = Query(
+    lambda _: select(sessions.c.session).where(_session_is(sessions)).with_for_update(read=True, key_share=True)
+)
+"""A snapshot save's lock on its session row: an erasure or a rewrite (``FOR UPDATE``) waits for the save
+to commit, and then deletes what it wrote; a save that waited for an erasure finds no row and writes
+nothing. Without it a save racing an erasure could commit its rows after the erasure deleted the
+snapshots (PostgreSQL, read committed): content of an erased session left in ``ct_snapshots``. ``FOR KEY
+SHARE``, the weakest lock that does this: an append's update of the row (which leaves its key as it is)
+neither waits for a save nor holds one up, so a live call's snapshot never stalls its own turn."""
 _TOMBSTONE = Query(
     lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events, tombstones.c.tenant).where(
         _session_is(tombstones)
@@ -493,8 +497,9 @@ class SqlEventStore(EventStore):
         self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
     ) -> bool:
         """Stores snapshot ``rows`` as ``(seq, state)`` (a header, and the new segments at their negative
-        slots) in one transaction holding the session's row lock (the lock a rewrite or an erasure takes),
-        only while the session is there and every segment slot in ``kept`` (written by an earlier save)
+        slots) in one transaction holding the session's row against a rewrite or an erasure (``FOR KEY
+        SHARE``: appends go on), only while the session is there and every segment slot in ``kept``
+        (written by an earlier save)
         is still stored. False, and nothing written, otherwise: the capture holds what a redaction or an
         erasure removed since, and a header naming segments the store lacks would be completed from a
         process's segment cache with the old content."""
@@ -502,7 +507,7 @@ class SqlEventStore(EventStore):
             return False
         now = now_ms()
         async with self._db(write=True) as db:
-            if await db.fetchrow(_SESSION_FOR_UPDATE, session=session) is None:
+            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
                 return False
             stored = await db.fetch(_SEGMENT_SLOTS, session=session, version=version) if kept else ()
             if not kept <= {row[0] for row in stored}:
