@@ -499,9 +499,9 @@ class SqlEventStore(EventStore):
         """Stores snapshot ``rows`` as ``(seq, state)`` (a header, and the new segments at their negative
         slots) in one transaction holding the session's row against a rewrite or an erasure (``FOR KEY
         SHARE``: appends go on), only while the session is there and every segment slot in ``kept``
-        (written by an earlier save) is still stored. False, and nothing written, otherwise: the capture holds what a redaction or an
-        erasure removed since, and a header naming segments the store lacks would be completed from a
-        process's segment cache with the old content."""
+        (written by an earlier save) is still stored. False, and nothing written, otherwise: the capture
+        holds what a redaction or an erasure removed since, and a header naming segments the store lacks
+        would be completed from a process's segment cache with the old content."""
         if await self._hidden(session):
             return False
         now = now_ms()
