@@ -15,14 +15,16 @@ pytest.importorskip("agents.realtime.testing")
 
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
+from agents.realtime.model_events import RealtimeModelRawServerEvent
 from agents.realtime.model_inputs import RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
 
 import calltape
-from calltape.adapters.openai_agents import attach, restore
+from calltape.adapters.openai_agents import NOT_RUN, attach, restore
 from tests.adapters.openai_agents_support import (
     ask_tool,
     data_of,
+    function_call,
     logged,
     sent,
     tool_output_echo,
@@ -132,6 +134,44 @@ async def test_a_rejected_call_never_starts(store_url: str, session_id: str) -> 
     (rejection,) = sent(model, RealtimeModelSendToolOutput)  # what the model is told instead
     assert not data_of(events, "tool.started")
     assert data_of(events, "tool.result") == [{"call": "c1", "output": rejection.output}]
+
+
+async def test_an_approved_call_of_a_cancelled_response_is_not_run(store_url: str, session_id: str) -> None:
+    """The call's response was cancelled (a barge-in) while the app was deciding: approving it then
+    answers at once that it was not run (the response is over: no wait for it)."""
+    runs: list[str] = []
+    model = ScriptedRealtimeModel(strict=False)
+
+    def raw(**event: Any) -> RealtimeModelRawServerEvent:
+        return RealtimeModelRawServerEvent(data=event)
+
+    args = '{"when": "19:00"}'
+    async with calltape.connect(store_url) as ct:
+        session = await RealtimeRunner(approval_agent(runs), model=model).run()
+        await attach(session, ct, session_id)
+        async with session:
+            app = Approvals(session)
+            await model.emit(
+                raw(type="response.created", response={"id": "r1"}),
+                raw(
+                    type="response.function_call_arguments.done",
+                    response_id="r1",
+                    item_id="f1",
+                    call_id="c1",
+                    name="book",
+                    arguments=args,
+                ),
+                function_call("c1", "book", args, "f1"),
+            )
+            await until(lambda: app.asked == ["c1"])
+            await model.emit(raw(type="response.done", response={"id": "r1", "status": "cancelled"}))
+            await session.approve_tool_call("c1")
+            await until(lambda: sent(model, RealtimeModelSendToolOutput), timeout=2)
+            await app.close()
+        events = await logged(ct, session_id)
+    assert runs == []
+    assert sent(model, RealtimeModelSendToolOutput)[0].output == NOT_RUN
+    assert not data_of(events, "tool.started")
 
 
 async def test_an_approved_call_the_log_answered_is_not_run_again(store_url: str, session_id: str) -> None:
