@@ -154,6 +154,7 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         self._early: dict[str, Any] = {}  # outputs that came before their call was recorded
         self._call_response: dict[str, str] = {}  # call id -> the response that made it
         self._gates: dict[str, asyncio.Future[bool]] = {}  # guarded calls waiting for their response
+        self._unrunnable: set[str] = set()  # calls whose response ended without them: never run
         self._running: dict[str, asyncio.Future[ToolOutcome]] = {}  # guarded bodies under way
         self._outlived: dict[str, ToolOutcome] = {}  # results of calls that outlived their session
         self._seeded_outputs: set[str] = set()  # calls whose output the last seed put in
@@ -297,7 +298,10 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
             for call_id, response in list(self._call_response.items()):
                 if response == rid:
                     del self._call_response[call_id]
-                    self._open_gate(call_id, self.realtime.replies.fold.tool_call(call_id) is not None)
+                    recorded = self.realtime.replies.fold.tool_call(call_id) is not None
+                    if not recorded:  # a guarded call that starts later (an approval) need not wait
+                        self._unrunnable.add(call_id)
+                    self._open_gate(call_id, recorded)
 
     # -- playout: when the caller heard a reply out ---------------------------------------------
 
@@ -410,6 +414,8 @@ class OpenAIAgentsTap(RealtimeModelListener):  # type: ignore[misc,unused-ignore
         """Waits until the call's response completed (True) or ended otherwise (False)."""
         if self.realtime.replies.fold.tool_call(call_id) is not None:
             return True
+        if call_id in self._unrunnable:
+            return False
         gate = self._gates.get(call_id)
         if gate is None:
             gate = self._gates[call_id] = asyncio.get_running_loop().create_future()
