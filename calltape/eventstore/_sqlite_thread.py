@@ -136,8 +136,13 @@ WAL_CHECKPOINT_PAGES = 1000
 checkpoint threshold, which ran inside the commit that crossed it)."""
 
 WAL_CAP_PAGES = 4 * WAL_CHECKPOINT_PAGES
-"""WAL frames past which the checkpoint runs on the writer thread between two appends even if the writer
+"""WAL frames past which the checkpoint runs on the writer thread right after a commit even if the writer
 never goes idle: the WAL stays bounded under a writer that is always busy."""
+
+WAL_CAP_BYTES = WAL_CAP_PAGES * (4096 + 24)
+"""The cap as the WAL file's size (4 KiB pages, each frame with its header). The writer's connection
+sets ``journal_size_limit`` to it: SQLite truncates the WAL to it when it resets the log, so a WAL file
+larger than this holds more frames than the cap since its last reset."""
 
 
 def checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
@@ -158,12 +163,13 @@ class WalCheckpoints:
     append returns and no other append is waiting, and the WAL has grown past
     :data:`WAL_CHECKPOINT_PAGES`, a passive checkpoint runs on a thread and connection of its own (a
     passive checkpoint takes no write lock: an append meanwhile commits). Past :data:`WAL_CAP_PAGES` it
-    runs on the writer's thread, queued behind the append that crossed the cap: the WAL is reset only
-    by a write that starts after a complete checkpoint, which a writer that never idles would not leave.
+    runs on the writer's thread right after the commit that crossed the cap, before the appends queued
+    behind it: the WAL is reset only by a write that starts after a complete checkpoint, which a writer
+    that never idles would not leave.
 
     Python's ``sqlite3`` cannot tell how many frames a commit added (no WAL hook), so this counts commits
-    and learns the frames per commit from what each checkpoint reports. All bookkeeping runs on the
-    event loop's thread."""
+    and learns the frames per commit from what each checkpoint reports. The bookkeeping runs on the
+    event loop's thread; the writer's thread only reads :meth:`over_cap`."""
 
     def __init__(self, path: str, configure: Callable[[sqlite3.Connection], None]) -> None:
         self._thread = WriterThread(path, configure, name="calltape-sqlite-checkpoint")
@@ -174,31 +180,40 @@ class WalCheckpoints:
         self.runs = 0
         """Checkpoints run so far (tests, benchmarks)."""
         self._task: asyncio.Task[None] | None = None
+        self._wal = f"{path}-wal"
 
     def estimate(self) -> float:
         """The WAL's frames not yet checkpointed, as far as this process's commits tell."""
         return self.commits * self.frames_per_commit
 
-    def committed(self, writer: WriterThread, idle: bool) -> None:
-        """After an append's commit: starts a checkpoint if one is due (``idle``: no append waits)."""
+    def over_cap(self) -> bool:
+        """True when the writer should checkpoint right after its commit (on the writer's thread): the WAL
+        file has grown past the cap since its last reset (checkpoints on the other thread met appends and
+        left no point at which to reset it, or the writer has not been idle for that long)."""
+        try:
+            return os.stat(self._wal).st_size > WAL_CAP_BYTES
+        except OSError:
+            return False
+
+    def committed(self, idle: bool, inline: tuple[int, int, int] | None = None) -> None:
+        """After an append's commit (``inline``: the checkpoint the writer ran right after it, past the
+        cap): starts a checkpoint if one is due (``idle``: no append waits)."""
         self.commits += 1
-        if self._task is not None and not self._task.done():
-            return
-        estimate = self.estimate()
-        if estimate >= WAL_CAP_PAGES:
-            self._start(writer)
-        elif idle and estimate >= WAL_CHECKPOINT_PAGES:
-            self._start(self._thread)
+        if inline is not None:
+            self._account(self.commits, inline)
+        elif idle and self.estimate() >= WAL_CHECKPOINT_PAGES and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="calltape-sqlite-checkpoint")
 
-    def _start(self, thread: WriterThread) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(thread), name="calltape-sqlite-checkpoint")
-
-    async def _run(self, thread: WriterThread) -> None:
+    async def _run(self) -> None:
         commits = self.commits
         try:
-            busy, frames, done = await thread.run(checkpoint)
+            result = await self._thread.run(checkpoint)
         except Exception:  # a chore: the next commit tries again (an outage shows on the appends)
             return
+        self._account(commits, result)
+
+    def _account(self, commits: int, result: tuple[int, int, int]) -> None:
+        busy, frames, done = result
         self.runs += 1
         if busy and frames < 0:
             return  # another checkpoint (another process's) is under way: count on, try again later

@@ -27,7 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import await_only
 
 from calltape.events import Event
-from calltape.eventstore._sqlite_thread import ThreadDb, WalCheckpoints, WriterThread, in_transaction, run_to_end
+from calltape.eventstore._sqlite_thread import (
+    WAL_CAP_BYTES,
+    ThreadDb,
+    WalCheckpoints,
+    WriterThread,
+    checkpoint,
+    in_transaction,
+    run_to_end,
+)
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.queries import (
@@ -97,6 +105,7 @@ def configure_writer(conn: sqlite3.Connection) -> None:
     WAL checkpoint inside its commits (:class:`~._sqlite_thread.WalCheckpoints` runs them when it is idle)."""
     configure_connection(conn)
     conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_CAP_BYTES}")
 
 
 def _async_sleep(seconds: float) -> None:
@@ -402,20 +411,22 @@ class SqliteEventStore(SqlEventStore):
         if self._writer is None:
             async with self._db(write=True) as db:
                 return await SqliteWriter(db, self.tenant, self.all_tenants).append(events, expected_seq)
-        dialect, tenant, everyone = self.engine.dialect, self.tenant, self.all_tenants
+        dialect, tenant, everyone, wal = self.engine.dialect, self.tenant, self.all_tenants, self._checkpoints
 
-        def append(conn: sqlite3.Connection) -> list[Event]:
+        def append(conn: sqlite3.Connection) -> tuple[list[Event], tuple[int, int, int] | None]:
             writer = SqliteWriter(ThreadDb(conn, dialect), tenant, everyone)
-            return in_transaction(conn, lambda: run_to_end(writer.append(events, expected_seq)))
+            stored = in_transaction(conn, lambda: run_to_end(writer.append(events, expected_seq)))
+            # past the cap (a writer that never idles): checkpoint here, before the appends queued behind
+            return stored, checkpoint(conn) if wal is not None and wal.over_cap() else None
 
         self._appending += 1
         try:
             async with translate_errors(self.url):
-                stored = await self._writer.run(append)
+                stored, inline = await self._writer.run(append)
         finally:
             self._appending -= 1
-        if self._checkpoints is not None:
-            self._checkpoints.committed(self._writer, idle=not self._appending)
+        if wal is not None:
+            wal.committed(idle=not self._appending, inline=inline)
         return stored
 
     async def _write(self, job: Callable[[Db], Awaitable[T]]) -> T:
