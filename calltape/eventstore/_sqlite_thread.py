@@ -181,6 +181,7 @@ class WalCheckpoints:
         """Checkpoints run so far (tests, benchmarks)."""
         self._task: asyncio.Task[None] | None = None
         self._wal = f"{path}-wal"
+        self._pid = os.getpid()
 
     def estimate(self) -> float:
         """The WAL's frames not yet checkpointed, as far as this process's commits tell."""
@@ -199,6 +200,8 @@ class WalCheckpoints:
         """After an append's commit (``inline``: the checkpoint the writer ran right after it, past the
         cap): starts a checkpoint if one is due (``idle``: no append waits)."""
         self.commits += 1
+        if self._pid != os.getpid():  # a forked child: the parent's checkpoint task is not its own
+            self._pid, self._task = os.getpid(), None
         if inline is not None:
             self._account(self.commits, inline)
         elif idle and self.estimate() >= WAL_CHECKPOINT_PAGES and (self._task is None or self._task.done()):
