@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import (
@@ -76,6 +76,9 @@ class Query:
 def insert_for(dialect: str) -> Any:
     """The dialect's ``insert`` (it carries ``on_conflict_do_nothing`` / ``on_conflict_do_update``)."""
     return postgresql.insert if dialect == "postgresql" else sqlite_dialect.insert
+
+
+T = TypeVar("T")
 
 
 class Db(ABC):
@@ -332,6 +335,12 @@ class SqlEventStore(EventStore):
     def _db(self, *, write: bool = False) -> contextlib.AbstractAsyncContextManager[Db]:
         """A connection running compiled queries; ``write``: inside a write transaction."""
 
+    async def _write(self, job: Callable[[Db], Awaitable[T]]) -> T:
+        """``job`` in a write transaction: a short one that only queries (no other awaits), which a backend
+        may run elsewhere (SQLite: on its writer thread, in line with the appends)."""
+        async with self._db(write=True) as db:
+            return await job(db)
+
     async def _fetch(self, query: Query, **params: Any) -> Sequence[Sequence[Any]]:
         async with self._db() as db:
             return await db.fetch(query, **params)
@@ -460,12 +469,8 @@ class SqlEventStore(EventStore):
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
         if await self._hidden(session):
             return
-        async with self._db(write=True) as db:
-            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
-                return  # erased (or never stored): nothing to keep
-            await db.execute(
-                _SAVE_SNAPSHOT, session=session, version=version, seq=seq, state=state, created_at_ms=now_ms()
-            )
+        row = {"session": session, "version": version, "seq": seq, "state": state, "created_at_ms": now_ms()}
+        await self._write(lambda db: _save_snapshots(db, session, [row]))
 
     async def load_snapshot(
         self, session: str, version: int, *, max_seq: int | None = None
@@ -482,16 +487,11 @@ class SqlEventStore(EventStore):
         if not segments or await self._hidden(session):
             return
         now = now_ms()
-        async with self._db(write=True) as db:
-            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
-                return  # erased (or never stored): nothing to keep
-            await db.executemany(
-                _SAVE_SNAPSHOT,
-                [
-                    {"session": session, "version": version, "seq": seq, "state": body, "created_at_ms": now}
-                    for seq, body in segments
-                ],
-            )
+        rows = [
+            {"session": session, "version": version, "seq": seq, "state": body, "created_at_ms": now}
+            for seq, body in segments
+        ]
+        await self._write(lambda db: _save_snapshots(db, session, rows))
 
     async def save_snapshot_over(
         self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
@@ -504,16 +504,18 @@ class SqlEventStore(EventStore):
         would be completed from a process's segment cache with the old content."""
         if await self._hidden(session):
             return False
-        now = now_ms()
-        async with self._db(write=True) as db:
+        common = {"session": session, "version": version, "created_at_ms": now_ms()}
+
+        async def over(db: Db) -> bool:
             if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
                 return False
             stored = await db.fetch(_SEGMENT_SLOTS, session=session, version=version) if kept else ()
             if not kept <= {row[0] for row in stored}:
                 return False
-            common = {"session": session, "version": version, "created_at_ms": now}
             await db.executemany(_SAVE_SNAPSHOT, [{**common, "seq": seq, "state": state} for seq, state in rows])
-        return True
+            return True
+
+        return await self._write(over)
 
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""
@@ -524,3 +526,10 @@ class SqlEventStore(EventStore):
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+async def _save_snapshots(db: Db, session: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Inserts snapshot rows (an existing slot is kept) while the session is stored."""
+    if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
+        return  # erased (or never stored): nothing to keep
+    await db.executemany(_SAVE_SNAPSHOT, rows)

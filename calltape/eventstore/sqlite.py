@@ -15,8 +15,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import ColumnElement, bindparam, delete, func, select, update
@@ -27,7 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import await_only
 
 from calltape.events import Event
-from calltape.eventstore._sqlite_thread import ThreadDb, WriterThread, in_transaction, run_to_end
+from calltape.eventstore._sqlite_thread import (
+    WAL_CAP_BYTES,
+    ThreadDb,
+    WalCheckpoints,
+    WriterThread,
+    checkpoint,
+    in_transaction,
+    run_to_end,
+)
 from calltape.eventstore.append_plan import SessionInfo
 from calltape.eventstore.errors import translate_errors
 from calltape.eventstore.queries import (
@@ -47,6 +55,14 @@ from calltape.eventstore.writer import AppendWriter, Key
 from calltape.gcpause import BULK, gc_paused
 
 log = logging.getLogger("calltape.eventstore")
+
+T = TypeVar("T")
+
+
+def _coro(awaitable: Awaitable[T]) -> Coroutine[Any, Any, T]:
+    """A job's awaitable as the coroutine :func:`run_to_end` drives (a job is an ``async def``)."""
+    assert isinstance(awaitable, Coroutine)
+    return awaitable
 
 
 BUSY_TIMEOUT_MS = 10_000
@@ -82,6 +98,14 @@ def configure_connection(dbapi_connection: Any, sleep: Callable[[float], None] =
     _switch_to_wal(cursor, sleep)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def configure_writer(conn: sqlite3.Connection) -> None:
+    """The writer thread's connection: as every other (:func:`configure_connection`), and no automatic
+    WAL checkpoint inside its commits (:class:`~._sqlite_thread.WalCheckpoints` runs them when it is idle)."""
+    configure_connection(conn)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_CAP_BYTES}")
 
 
 def _async_sleep(seconds: float) -> None:
@@ -357,7 +381,7 @@ class SqliteEventStore(SqlEventStore):
         database = make_url(url).database or ":memory:"
         self._erasure_counter = None if database == ":memory:" else f"{database}-erasures"
         """The file every erase bumps (None for an in-memory database, which no other process can open)."""
-        self._writer = None if database == ":memory:" else WriterThread(database, configure_connection)
+        self._writer = None if database == ":memory:" else WriterThread(database, configure_writer)
         """Where appends run (:mod:`._sqlite_thread`). An in-memory database is one shared-cache database
         behind a pool of one connection (``connect.py``): its appends stay on that connection, the only
         one that waits its turn instead of failing on the shared cache's table locks."""
@@ -366,6 +390,10 @@ class SqliteEventStore(SqlEventStore):
         lets it read while a write is under way), so a read is one hop to a thread and back where aiosqlite
         took one per statement, and never waits behind a write. An in-memory database reads on its one
         pooled connection."""
+        self._checkpoints = None if database == ":memory:" else WalCheckpoints(database, configure_connection)
+        """Checkpoints the WAL off the commit path (the writer's connection has no automatic checkpoint)."""
+        self._appending = 0
+        """Appends handed to the writer and not returned yet: none, the writer is idle."""
 
     @contextlib.asynccontextmanager
     async def _db(self, *, write: bool = False) -> AsyncIterator[SqliteDb]:
@@ -383,14 +411,38 @@ class SqliteEventStore(SqlEventStore):
         if self._writer is None:
             async with self._db(write=True) as db:
                 return await SqliteWriter(db, self.tenant, self.all_tenants).append(events, expected_seq)
-        dialect, tenant, everyone = self.engine.dialect, self.tenant, self.all_tenants
+        dialect, tenant, everyone, wal = self.engine.dialect, self.tenant, self.all_tenants, self._checkpoints
 
-        def append(conn: sqlite3.Connection) -> list[Event]:
+        def append(conn: sqlite3.Connection) -> tuple[list[Event], tuple[int, int, int] | None]:
             writer = SqliteWriter(ThreadDb(conn, dialect), tenant, everyone)
-            return in_transaction(conn, lambda: run_to_end(writer.append(events, expected_seq)))
+            stored = in_transaction(conn, lambda: run_to_end(writer.append(events, expected_seq)))
+            # past the cap (a writer that never idles): checkpoint here, before the appends queued behind
+            return stored, checkpoint(conn) if wal is not None and wal.over_cap() else None
+
+        self._appending += 1
+        try:
+            async with translate_errors(self.url):
+                stored, inline = await self._writer.run(append)
+        finally:
+            self._appending -= 1
+        if wal is not None:
+            wal.committed(idle=not self._appending, inline=inline)
+        return stored
+
+    async def _write(self, job: Callable[[Db], Awaitable[T]]) -> T:
+        # On the writer thread, as one job between two appends: through the engine the transaction held
+        # the write lock across several hops of the event loop, and an append meeting it slept in
+        # SQLite's busy handler (a live call's snapshot save made a slow turn every ~1,000 events).
+        writer = self._writer
+        if writer is None:
+            return await super()._write(job)
+        dialect = self.engine.dialect
+
+        def write(conn: sqlite3.Connection) -> T:
+            return in_transaction(conn, lambda: run_to_end(_coro(job(ThreadDb(conn, dialect)))))
 
         async with translate_errors(self.url):
-            return await self._writer.run(append)
+            return await writer.run(write)
 
     async def _read_events(
         self, session: str, after_seq: int, to_seq: int | None, limit: int | None, types: Collection[str] | None
@@ -493,6 +545,8 @@ class SqliteEventStore(SqlEventStore):
 
     async def close(self) -> None:
         try:
+            if self._checkpoints is not None:
+                await self._checkpoints.close()
             if self._reads is not None:
                 await self._reads.close()
             if self._writer is not None:

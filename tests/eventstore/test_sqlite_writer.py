@@ -17,6 +17,7 @@ from calltape.errors import InvalidEvent, SessionErased, StoreUnavailable
 from calltape.events import Event, make_event
 from calltape.eventstore import open_store
 from calltape.eventstore import sqlite as sqlite_backend
+from calltape.eventstore._sqlite_thread import WAL_CAP_BYTES, WAL_CAP_PAGES, WAL_CHECKPOINT_PAGES
 from calltape.eventstore.store import EventStore
 
 
@@ -163,3 +164,60 @@ def test_a_forked_child_appends_through_a_writer_of_its_own(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "2"], done.stdout
+
+
+# -- the WAL checkpoint, off the commit path (issue 32) ------------------------------------------
+
+
+def _long(session: str, id: str) -> Event:
+    """An event of about a page (4 KiB): the WAL grows by pages, the tests count in them."""
+    return make_event(session, "user.transcript", {"text": "x" * 3000, "final": True}, id=id)
+
+
+def _wal_pages(path: Path) -> int:
+    wal = Path(f"{path}-wal")
+    return wal.stat().st_size // 4096 if wal.exists() else 0
+
+
+def _left_to_checkpoint(path: Path) -> tuple[int, int]:
+    """``(frames in the WAL, frames not yet checkpointed)`` seen from a plain connection (its own passive
+    checkpoint finds nothing left to do when the store's ran)."""
+    conn = sqlite3.connect(path)
+    try:
+        _, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return frames, frames - done
+    finally:
+        conn.close()
+
+
+async def test_the_writer_connection_never_checkpoints_inside_a_commit(store: EventStore) -> None:
+    await store.append([_said("a", "e1")])
+    writer = store._writer  # type: ignore[attr-defined]
+    assert await writer.run(lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+    limit = await writer.run(lambda c: c.execute("PRAGMA journal_size_limit").fetchone()[0])
+    assert limit == WAL_CAP_BYTES  # a reset WAL is cut back to the cap: a larger file means past it
+    reads = store._reads  # type: ignore[attr-defined]
+    assert await reads.run(lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 1000
+
+
+async def test_an_idle_writer_has_the_wal_checkpointed_on_a_thread_of_its_own(store: EventStore, path: Path) -> None:
+    for k in range(60):  # each append awaited: the writer is idle after each, as between a call's turns
+        await store.append([_long("a", f"e{k}-{i}") for i in range(40)])
+    checkpoints = store._checkpoints  # type: ignore[attr-defined]
+    await checkpoints.close()  # waits for a checkpoint under way
+    _, left = _left_to_checkpoint(path)
+    assert checkpoints.runs >= 1
+    assert left <= WAL_CHECKPOINT_PAGES + 200  # at most what came after the last checkpoint
+    assert _wal_pages(path) <= WAL_CAP_PAGES + 200  # reset and reused, not grown with the log
+    assert len(_rows(path)) == 2400
+
+
+async def test_a_writer_that_never_idles_keeps_the_wal_bounded(store: EventStore, path: Path) -> None:
+    for round in range(4):  # every append queued behind another: the writer is never idle
+        await asyncio.gather(
+            *(store.append([_long(f"s{k}", f"e{round}-{k}-{i}") for i in range(40)]) for k in range(50))
+        )
+    checkpoints = store._checkpoints  # type: ignore[attr-defined]
+    assert len(_rows(path)) == 8000
+    assert checkpoints.runs >= 1
+    assert _wal_pages(path) <= WAL_CAP_PAGES + 1000  # the cap, and what commits while its checkpoint runs

@@ -14,7 +14,7 @@ from runtime_support import Live, live_call, reply
 from sqlalchemy import text
 
 from calltape.events import Event
-from calltape.eventstore import EventStore
+from calltape.eventstore import EventStore, open_store
 from calltape.projections import FOLD_VERSION, SnapshotPolicy, build_context, fold_events, segments
 from calltape.runtime import CallSession, resume
 from calltape.runtime import handoff as outside_handoff
@@ -228,5 +228,25 @@ async def test_live_snapshots_hold_what_redaction_wrote_not_what_the_caller_said
             rows = await conn.execute(text("SELECT state FROM ct_snapshots WHERE session = :s"), {"s": session_id})
             states = [bytes(r[0]) for r in rows]
         assert states and not any(b"4111" in s for s in states)
+    finally:
+        await store.close()
+
+
+async def test_on_sqlite_a_live_save_runs_on_the_writer_thread_between_appends(tmp_path: Any, session_id: str) -> None:
+    # Through the engine, the save's transaction held the write lock across hops of the event loop and
+    # the call's next append slept in SQLite's busy handler (issue 32): it is one job of the writer now.
+    store = await open_store(f"sqlite:///{tmp_path}/calltape.db")
+    try:
+        statements: list[str] = []
+        await store._writer.run(lambda conn: conn.set_trace_callback(statements.append))  # type: ignore[attr-defined]
+        async with live_call(store, session_id) as live:
+            snaps = snapshots_of(live)
+            await run_turns(live, range(12), durable=True)
+            await snaps.settled()
+            saved = snaps.saved
+        assert saved >= 1
+        assert any("ct_snapshots" in s and s.lstrip().upper().startswith("INSERT") for s in statements)
+        seqs = await assert_snapshots_match_log(store, session_id)
+        assert len(seqs) == saved
     finally:
         await store.close()
