@@ -704,8 +704,9 @@ class PostgresEventStore(SqlEventStore):
             else:
                 loads = orjson.loads
                 events = [Event(r[2], loads(r[6]), session, r[1], r[3], r[4], r[5], r[0], True) for r in rows]
-            # Freed before the GC runs again: the first collection after the pause scans every object
-            # still young, and the driver's rows would be half of them.
+            # Dropped here, but freed only when this task next suspends: asyncio keeps the callback that
+            # woke it, and through the driver's finished future the rows. The pause hands them to the
+            # oldest generation with the events (see calltape.gcpause), so no young collection scans them.
             del rows
         return events
 
