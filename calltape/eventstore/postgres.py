@@ -121,10 +121,6 @@ COPY_FROM: Final = 200
 DEADLOCK_RETRIES: Final = 3
 """How many times an append the server picked to break a deadlock is decided again before it raises."""
 
-KEPT_CONNECTIONS: Final = 6
-"""Write connections a store keeps checked out between writes: the batch, the batch sent ahead of it and
-the four durable lanes; with the read connection, within the pool's 5 plus its overflow of 10."""
-
 SESSION_CACHE: Final = 20_000
 """Session rows a store remembers from its own appends (least recently written dropped first)."""
 
@@ -342,7 +338,6 @@ class PostgresEventStore(SqlEventStore):
     _held: tuple[AsyncConnection, asyncpg.Connection, asyncio.AbstractEventLoop] | None = None
     """The connection reads run on (see :meth:`_reader`), with the loop it belongs to."""
     _held_busy = False
-    _closing = False
 
     def __init__(self, engine: AsyncEngine, url: str) -> None:
         self.engine = engine
@@ -354,8 +349,6 @@ class PostgresEventStore(SqlEventStore):
         """Session rows as the appends in flight will leave them (see :meth:`append_ahead`)."""
         self._behind: set[asyncio.Future[None]] = set()
         """The :meth:`append_ahead` writes in flight, each done when its transaction has ended."""
-        self._kept: list[tuple[AsyncConnection, asyncpg.Connection, asyncio.AbstractEventLoop]] = []
-        """Write connections kept between writes (see :meth:`_connection`), each with its event loop."""
 
     async def session_info(self, session: str) -> SessionInfo | None:
         """The session's summary; also kept as this store's known row of it (a resume reads it before
@@ -389,66 +382,16 @@ class PostgresEventStore(SqlEventStore):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A connection for one write (or a statement outside the read connection). The store keeps up
-        to :data:`KEPT_CONNECTIONS` of them checked out between writes: a pool checkout and its context
-        managers cost about 50 us of CPU, once per batch, per batch sent ahead and per lane write (and the
-        pool's overflow would open and close connections whenever more than its five are in use). A
-        connection is kept only when the write left it idle: not inside a transaction, not lost, not
-        interrupted mid-statement."""
-        loop = asyncio.get_running_loop()
-        entry = await self._kept_connection(loop)
-        async with translate_errors(self.url, tenant=self.tenant):
-            if entry is None:
-                sa_conn = await self.engine.connect()
-                try:
-                    conn = (await sa_conn.get_raw_connection()).driver_connection
-                    assert conn is not None
-                except BaseException:
-                    await sa_conn.close()
-                    raise
-                entry = (sa_conn, conn, loop)
-            sa_conn, conn = entry[0], entry[1]
-            keep = False
+        async with translate_errors(self.url, tenant=self.tenant), self.engine.connect() as sa_conn:
+            raw = await sa_conn.get_raw_connection()
+            conn = raw.driver_connection
+            assert conn is not None
             try:
                 yield conn
-                keep = True
             except BaseException as exc:
-                lost = is_disconnect(exc) or conn.is_closed()
-                if lost:
-                    with contextlib.suppress(Exception):
-                        await sa_conn.invalidate()  # never hand a dead connection to the next caller
-                    kept, self._kept = self._kept, []
-                    for other in kept:  # (lost with it, most likely: a server restart, a cut network)
-                        await _release(other)
-                keep = not lost and isinstance(exc, Exception) and not isinstance(exc, OSError | asyncpg.InterfaceError)
+                if is_disconnect(exc) or conn.is_closed():
+                    await sa_conn.invalidate()  # never hand a dead connection to the next caller
                 raise
-            finally:
-                if (
-                    keep
-                    and not self._closing
-                    and len(self._kept) < KEPT_CONNECTIONS
-                    and not conn.is_closed()
-                    and not conn.is_in_transaction()
-                ):
-                    self._kept.append(entry)
-                else:
-                    with contextlib.suppress(Exception):
-                        await sa_conn.close()
-
-    async def _kept_connection(
-        self, loop: asyncio.AbstractEventLoop
-    ) -> tuple[AsyncConnection, asyncpg.Connection, asyncio.AbstractEventLoop] | None:
-        """A kept write connection of this event loop (one of another loop, or closed, is dropped)."""
-        kept = self._kept
-        while kept:
-            entry = kept.pop()
-            if entry[2] is not loop:
-                entry[1].terminate()  # nothing can be awaited on another loop's connection here
-            elif entry[1].is_closed():
-                await _release(entry)
-            else:
-                return entry
-        return None
 
     @contextlib.asynccontextmanager
     async def _reader(self) -> AsyncIterator[tuple[asyncpg.Connection, bool]]:
@@ -737,15 +680,6 @@ class PostgresEventStore(SqlEventStore):
         return _NotifyWaiter(self.url, self.tenant)
 
     async def close(self) -> None:
-        self._closing = True
-        kept, self._kept = self._kept, []
-        loop = asyncio.get_running_loop()
-        for entry in kept:
-            if entry[2] is loop:
-                with contextlib.suppress(Exception):
-                    await entry[0].close()
-            else:
-                entry[1].terminate()
         held, self._held = self._held, None
         if held is not None:
             if held[2] is asyncio.get_running_loop():
@@ -771,8 +705,7 @@ async def _decoding(conn: asyncpg.Connection) -> None:
 
 
 async def _release(held: tuple[AsyncConnection, asyncpg.Connection | None, Any]) -> None:
-    """Closes a kept connection: invalidated, so the pool never hands out a read connection's ``jsonb``
-    decoding, nor a write connection lost with another."""
+    """Closes a kept read connection: invalidated, so the pool never hands out its ``jsonb`` decoding."""
     with contextlib.suppress(Exception):
         await held[0].invalidate()
         await held[0].close()
