@@ -26,7 +26,7 @@ from calltape.eventstore.append_plan import AppendPlan, SessionInfo, plan_append
 from calltape.eventstore.errors import is_disconnect, translate_errors
 from calltape.eventstore.queries import Db, Query, SqlEventStore, dumps_data, to_event, to_session_info
 from calltape.eventstore.schema import EVENT_COLUMNS, ROW_COLUMNS, SESSION_COLUMNS
-from calltape.eventstore.store import AppendNotAhead, ChangeWaiter, FeedPosition, checked_batch
+from calltape.eventstore.store import ChangeWaiter, FeedPosition, _AppendNotAhead, checked_batch
 from calltape.eventstore.tenancy import (
     CHANNEL,
     ERASED,
@@ -561,7 +561,7 @@ class PostgresEventStore(SqlEventStore):
     async def append_ahead(self, events: Sequence[Event]) -> list[Event]:
         """Planned against the rows the appends in flight will leave (or this store's own last ones) and
         written in one statement that checks them: the server makes it wait for those appends' row
-        locks, and it commits only if they committed what they planned. Raises :class:`AppendNotAhead`,
+        locks, and it commits only if they committed what they planned. Raises :class:`_AppendNotAhead`,
         having written nothing, when its sessions are not all known or the rows turn out otherwise."""
         events = checked_batch(events)
         if not events:
@@ -573,12 +573,12 @@ class PostgresEventStore(SqlEventStore):
         for session in sessions:
             row = ahead.get(session) or known.get(session)
             if row is None:
-                raise AppendNotAhead
+                raise _AppendNotAhead
             rows[session] = row
         try:
             plan = plan_append(events, rows, {}, None)
         except CalltapeError as exc:
-            raise AppendNotAhead from exc
+            raise _AppendNotAhead from exc
         self._forget(sessions)
         held = self._hold_ahead(rows, plan)
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -589,7 +589,7 @@ class PostgresEventStore(SqlEventStore):
                 try:
                     await writer.append_behind(plan, rows)
                 except (*_DECIDE_AGAIN, asyncpg.LockNotAvailableError) as exc:
-                    raise AppendNotAhead from exc
+                    raise _AppendNotAhead from exc
         finally:
             self._behind.discard(ended)
             ended.set_result(None)

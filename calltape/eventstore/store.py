@@ -111,7 +111,7 @@ def checked_batch(events: object) -> Sequence[Event]:
     return events
 
 
-class AppendNotAhead(Exception):
+class _AppendNotAhead(Exception):
     """:meth:`EventStore.append_ahead` wrote nothing: append the batch after the one in flight."""
 
 
@@ -332,9 +332,9 @@ class EventStore(EventWriter, EventReader, StoreAdmin):
     async def append_ahead(self, events: Sequence[Event]) -> list[Event]:
         """:meth:`append`, sent while another append of this store is in flight and decided against the
         session rows that one will leave; it commits after it, and only if it committed what it planned.
-        Raises :class:`AppendNotAhead`, having written nothing, when it cannot decide so: the caller then
+        Raises :class:`_AppendNotAhead`, having written nothing, when it cannot decide so: the caller then
         appends the batch once the one in flight is done. Only a store that :attr:`pipelines` does."""
-        raise AppendNotAhead
+        raise _AppendNotAhead
 
     def _redact(self, events: Sequence[Event]) -> Sequence[Event]:
         """The batch with the store's redaction applied, unless a writer (the recorder) already did."""

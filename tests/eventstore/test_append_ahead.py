@@ -16,7 +16,7 @@ from calltape.errors import CalltapeError
 from calltape.events import Event
 from calltape.eventstore import EventStore, open_store
 from calltape.eventstore.recorder import Recorder
-from calltape.eventstore.store import AppendNotAhead
+from calltape.eventstore.store import _AppendNotAhead
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ async def test_ahead_writes_nothing_when_the_append_in_flight_did_not_leave_its_
         await asyncio.sleep(0.1)
         await holder.execute("ROLLBACK")
         await holder.close()
-        with pytest.raises(AppendNotAhead):
+        with pytest.raises(_AppendNotAhead):
             await ahead
         stored = await in_flight
         assert [e.seq for e in stored] == [4, 5, 6]
@@ -87,7 +87,7 @@ async def test_ahead_writes_nothing_when_the_append_in_flight_did_not_leave_its_
 
 
 async def test_ahead_of_unknown_sessions_is_not_decided(pg_store: EventStore, session_id: str) -> None:
-    with pytest.raises(AppendNotAhead):
+    with pytest.raises(_AppendNotAhead):
         await pg_store.append_ahead([started(session_id)])
     assert await _stored(pg_store, session_id) == []
 
@@ -96,7 +96,7 @@ async def test_ahead_whose_rule_fails_against_the_planned_rows_is_not_decided(
     pg_store: EventStore, session_id: str
 ) -> None:
     await pg_store.append([started(session_id)])
-    with pytest.raises(AppendNotAhead):  # the true verdict is the plain append's, once the rows are settled
+    with pytest.raises(_AppendNotAhead):  # the true verdict is the plain append's, once the rows are settled
         await pg_store.append_ahead([started(session_id)])
     assert len(await _stored(pg_store, session_id)) == 1
 
@@ -201,4 +201,4 @@ async def test_the_same_id_in_both_batches_is_written_in_turn(pg_store: EventSto
 
 def test_not_ahead_is_internal_not_a_calltape_error() -> None:
     # the recorder appends such a batch again; a user never sees it
-    assert not issubclass(AppendNotAhead, CalltapeError)
+    assert not issubclass(_AppendNotAhead, CalltapeError)
