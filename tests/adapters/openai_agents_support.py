@@ -23,6 +23,7 @@ from agents.realtime.model_events import (
     RealtimeModelAudioInterruptedEvent,
     RealtimeModelEvent,
     RealtimeModelItemUpdatedEvent,
+    RealtimeModelRawServerEvent,
     RealtimeModelToolCallEvent,
     RealtimeModelTranscriptDeltaEvent,
     RealtimeModelTurnEndedEvent,
@@ -55,6 +56,29 @@ def spoken_reply(response: str, item: str, text: str, audio_ms: int) -> list[Rea
 
 def function_call(call_id: str, name: str, arguments: str, item: str) -> RealtimeModelEvent:
     return RealtimeModelToolCallEvent(name=name, call_id=call_id, arguments=arguments, id=item)
+
+
+def raw(**event: Any) -> RealtimeModelRawServerEvent:
+    """A server event as the OpenAI transport forwards it before its normalized ones."""
+    return RealtimeModelRawServerEvent(data=event)
+
+
+def call_in_open_response(
+    response: str, call_id: str, name: str, arguments: str, item: str
+) -> list[RealtimeModelEvent]:
+    """A response that opened and sent a call's arguments, not yet done (it may still be cancelled)."""
+    return [
+        raw(type="response.created", response={"id": response}),
+        raw(
+            type="response.function_call_arguments.done",
+            response_id=response,
+            item_id=item,
+            call_id=call_id,
+            name=name,
+            arguments=arguments,
+        ),
+        function_call(call_id, name, arguments, item),
+    ]
 
 
 def tool_output_echo(event: RealtimeModelSendEvent, item: str) -> list[RealtimeModelEvent]:

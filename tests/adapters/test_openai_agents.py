@@ -23,7 +23,6 @@ from agents.realtime.model_events import (
     RealtimeModelConnectionStatusEvent,
     RealtimeModelEndOfStreamEvent,
     RealtimeModelErrorEvent,
-    RealtimeModelRawServerEvent,
 )
 from agents.realtime.model_inputs import RealtimeModelSendRawMessage, RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
@@ -35,9 +34,11 @@ from tests.adapters.openai_agents_support import (
     FakeRealtimeServer,
     ask_tool,
     audio_interrupted,
+    call_in_open_response,
     data_of,
     function_call,
     logged,
+    raw,
     sent,
     server_done,
     server_reply,
@@ -127,9 +128,6 @@ async def test_raw_server_events_are_the_source_when_the_transport_forwards_them
     """The OpenAI transport forwards every server event before its normalized ones: the tap maps those
     (calltape's Realtime mapping), and the server's truncation says what was heard."""
     model = ScriptedRealtimeModel(strict=False)
-
-    def raw(**event: Any) -> RealtimeModelRawServerEvent:
-        return RealtimeModelRawServerEvent(data=event)
 
     text = "Your table for two is booked for seven tonight."
     audio = "A" * (3000 * 48 * 4 // 3)  # base64 of 3 s of pcm16
@@ -260,26 +258,12 @@ async def test_a_call_of_a_cancelled_response_never_runs(store_url: str, session
     calls: list[str] = []
     model = ScriptedRealtimeModel(strict=False)
 
-    def raw(**event: Any) -> RealtimeModelRawServerEvent:
-        return RealtimeModelRawServerEvent(data=event)
-
     async with calltape.connect(store_url) as ct:
         session = await RealtimeRunner(slow_agent(calls, seconds=0), model=model).run()
         await attach(session, ct, session_id)
         async with session:
             args = '{"when": "19:00"}'
-            await model.emit(
-                raw(type="response.created", response={"id": "r1"}),
-                raw(
-                    type="response.function_call_arguments.done",
-                    response_id="r1",
-                    item_id="f1",
-                    call_id="c1",
-                    name="book",
-                    arguments=args,
-                ),
-                function_call("c1", "book", args, "f1"),
-            )
+            await model.emit(*call_in_open_response("r1", "c1", "book", args, "f1"))
             await asyncio.sleep(0.05)
             assert calls == []  # waiting for its response
             await model.emit(raw(type="response.done", response={"id": "r1", "status": "cancelled"}))

@@ -15,7 +15,6 @@ pytest.importorskip("agents.realtime.testing")
 
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
-from agents.realtime.model_events import RealtimeModelRawServerEvent
 from agents.realtime.model_inputs import RealtimeModelSendToolOutput
 from agents.realtime.testing import ScriptedRealtimeModel
 
@@ -23,9 +22,10 @@ import calltape
 from calltape.adapters.openai_agents import NOT_RUN, attach, restore
 from tests.adapters.openai_agents_support import (
     ask_tool,
+    call_in_open_response,
     data_of,
-    function_call,
     logged,
+    raw,
     sent,
     tool_output_echo,
     until,
@@ -142,27 +142,13 @@ async def test_an_approved_call_of_a_cancelled_response_is_not_run(store_url: st
     runs: list[str] = []
     model = ScriptedRealtimeModel(strict=False)
 
-    def raw(**event: Any) -> RealtimeModelRawServerEvent:
-        return RealtimeModelRawServerEvent(data=event)
-
     args = '{"when": "19:00"}'
     async with calltape.connect(store_url) as ct:
         session = await RealtimeRunner(approval_agent(runs), model=model).run()
         await attach(session, ct, session_id)
         async with session:
             app = Approvals(session)
-            await model.emit(
-                raw(type="response.created", response={"id": "r1"}),
-                raw(
-                    type="response.function_call_arguments.done",
-                    response_id="r1",
-                    item_id="f1",
-                    call_id="c1",
-                    name="book",
-                    arguments=args,
-                ),
-                function_call("c1", "book", args, "f1"),
-            )
+            await model.emit(*call_in_open_response("r1", "c1", "book", args, "f1"))
             await until(lambda: app.asked == ["c1"])
             await model.emit(raw(type="response.done", response={"id": "r1", "status": "cancelled"}))
             await session.approve_tool_call("c1")
