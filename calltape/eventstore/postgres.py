@@ -328,8 +328,8 @@ class PostgresEventStore(SqlEventStore):
     """The append's steps (Citus routes them its own way: see :mod:`.citus`)."""
     durable_lanes = 4
     """Appends of different sessions commit side by side, each on a pooled connection of its own (the
-    session rows are the only locks an append takes); four lanes, the batch and the batch ahead of it
-    keep within the pool's 10."""
+    session rows are the only locks an append takes); four lanes, the batch, the batch ahead of it and
+    the read connection keep within the pool's 15 (5 kept, 10 overflow)."""
     pipelines = True
     """The recorder writes its next batch while one is in flight (:meth:`append_ahead`)."""
     inline_owner = True
@@ -502,7 +502,8 @@ class PostgresEventStore(SqlEventStore):
         try:
             async with self._connection() as conn:
                 writer = self.writer_class(conn, tenant=self.tenant, copy_in=self.copy_in, everyone=self.all_tenants)
-                if plan is not None and known is not None:
+                if plan is not None:
+                    assert known is not None  # (planned against them)
                     # Written in one statement that checks the rows still hold (no lock, no lookup).
                     try:
                         async with self.appending(conn, writer, (r.tenant for r in known.values()), known=True):
@@ -560,9 +561,10 @@ class PostgresEventStore(SqlEventStore):
 
     async def append_ahead(self, events: Sequence[Event]) -> list[Event]:
         """Planned against the rows the appends in flight will leave (or this store's own last ones) and
-        written in one statement that checks them: the server makes it wait for those appends' row
-        locks, and it commits only if they committed what they planned. Raises :class:`_AppendNotAhead`,
-        having written nothing, when its sessions are not all known or the rows turn out otherwise."""
+        written in one transaction (:meth:`PgWriter.append_behind`): the events beside those appends',
+        then the summaries, which wait for their row locks and commit only if they left what was
+        planned. Raises :class:`_AppendNotAhead`, having written nothing, when its sessions are not all
+        known or the rows turn out otherwise."""
         events = checked_batch(events)
         if not events:
             return []
