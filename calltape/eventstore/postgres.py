@@ -215,6 +215,11 @@ class _PgDb(Db):
         if binds:
             await self.conn.executemany(binds[0][0], [args for _, args in binds])
 
+    async def rebuildable(self) -> None:
+        """``synchronous_commit`` off for this transaction: a snapshot save no longer waits for the disk
+        (the WAL writer flushes it within ``wal_writer_delay``; a later durable commit flushes it first)."""
+        await self.conn.execute("SET LOCAL synchronous_commit TO off")
+
 
 class PgWriter(AppendWriter):
     """The append's steps on PostgreSQL: arrays in, COPY for the rows."""

@@ -107,6 +107,11 @@ class Db(ABC):
     async def executemany(self, query: Query, rows: Iterable[Mapping[str, Any]]) -> None:
         """Runs a statement once per parameter set."""
 
+    async def rebuildable(self) -> None:
+        """Marks this write transaction as holding only what the log rebuilds (snapshots): a backend
+        may then acknowledge its commit before it is on disk (a crash can lose it, never an event)."""
+        return None
+
 
 def dumps_data(data: Any) -> str:
     """An event's ``data`` as stored (JSON text; PostgreSQL converts it to ``jsonb``)."""
@@ -236,15 +241,40 @@ async def owns(db: Db, session: str, tenant: str | None) -> bool:
 _SESSION_FOR_UPDATE = Query(
     lambda _: select(sessions.c.tenant, sessions.c.last_at_ms).where(_session_is(sessions)).with_for_update()
 )
-_SESSION_FOR_SHARE = Query(
-    lambda _: select(sessions.c.session).where(_session_is(sessions)).with_for_update(read=True, key_share=True)
-)
-"""A snapshot save's lock on its session row: an erasure or a rewrite (``FOR UPDATE``) waits for the save
-to commit, and then deletes what it wrote; a save that waited for an erasure finds no row and writes
-nothing. Without it a save racing an erasure could commit its rows after the erasure deleted the
-snapshots (PostgreSQL, read committed): content of an erased session left in ``ct_snapshots``. ``FOR KEY
-SHARE``, the weakest lock that does this: an append's update of the row (which leaves its key as it is)
-neither waits for a save nor holds one up, so a live call's snapshot never stalls its own turn."""
+
+
+def _save_guard(dialect: str) -> ClauseElement:
+    c = snapshots.c
+    if dialect == "postgresql":
+        kept = c.seq == any_(bindparam("kept", type_=postgresql.ARRAY(Integer)))
+    else:
+        kept = c.seq.in_(select(func.json_each(bindparam("kept")).table_valued("value").c.value))
+    stored = select(func.count()).where(_session_is(snapshots), c.version == bindparam("version"), kept)
+    return (
+        select(sessions.c.tenant, stored.scalar_subquery())
+        .where(_session_is(sessions))
+        .with_for_update(read=True, key_share=True, of=sessions.c.session)
+    )
+
+
+_SAVE_GUARD = Query(_save_guard)
+"""A snapshot save's one read before it writes: the session row's tenant and how many of the segment slots
+in ``kept`` are stored, holding the row ``FOR KEY SHARE`` (one round trip for the lock, the tenancy check
+and the slot check, each once a statement of its own).
+
+The lock: an erasure or a rewrite (``FOR UPDATE``) waits for the save to commit, and then deletes what it
+wrote; a save that waited for an erasure finds no row and writes nothing. Without it a save racing an
+erasure could commit its rows after the erasure deleted the snapshots (PostgreSQL, read committed):
+content of an erased session left in ``ct_snapshots``. ``FOR KEY SHARE``, the weakest lock that does this:
+an append's update of the row (which leaves its key as it is) neither waits for a save nor holds one up,
+so a live call's snapshot never stalls its own turn."""
+
+
+def _kept_param(dialect: str, kept: Collection[int]) -> Any:
+    """``kept`` as :data:`_SAVE_GUARD` binds it: an ``integer[]`` on PostgreSQL, a JSON array on SQLite."""
+    return sorted(kept) if dialect == "postgresql" else orjson.dumps(sorted(kept)).decode()
+
+
 _TOMBSTONE = Query(
     lambda _: select(tombstones.c.session, tombstones.c.erased_at_ms, tombstones.c.events, tombstones.c.tenant).where(
         _session_is(tombstones)
@@ -311,11 +341,6 @@ def _load_snapshot(bounded: bool) -> Query:
 
 _LOAD_SEGMENTS = Query(
     lambda _: select(snapshots.c.seq, snapshots.c.state).where(
-        _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
-    )
-)
-_SEGMENT_SLOTS = Query(
-    lambda _: select(snapshots.c.seq).where(
         _session_is(snapshots), snapshots.c.version == bindparam("version"), snapshots.c.seq < 0
     )
 )
@@ -467,10 +492,7 @@ class SqlEventStore(EventStore):
     # -- snapshots ---------------------------------------------------------------------------
 
     async def save_snapshot(self, session: str, seq: int, version: int, state: bytes) -> None:
-        if await self._hidden(session):
-            return
-        row = {"session": session, "version": version, "seq": seq, "state": state, "created_at_ms": now_ms()}
-        await self._write(lambda db: _save_snapshots(db, session, [row]))
+        await self._save_snapshots(session, version, [(seq, state)], set())
 
     async def load_snapshot(
         self, session: str, version: int, *, max_seq: int | None = None
@@ -484,14 +506,8 @@ class SqlEventStore(EventStore):
     async def save_snapshot_segments(self, session: str, version: int, segments: Sequence[tuple[int, bytes]]) -> None:
         """Stores snapshot segments (:mod:`calltape.projections.segments`) as snapshot rows at their
         negative slots, in one transaction; a slot already stored is left as it is."""
-        if not segments or await self._hidden(session):
-            return
-        now = now_ms()
-        rows = [
-            {"session": session, "version": version, "seq": seq, "state": body, "created_at_ms": now}
-            for seq, body in segments
-        ]
-        await self._write(lambda db: _save_snapshots(db, session, rows))
+        if segments:
+            await self._save_snapshots(session, version, segments, set())
 
     async def save_snapshot_over(
         self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
@@ -502,20 +518,28 @@ class SqlEventStore(EventStore):
         (written by an earlier save) is still stored. False, and nothing written, otherwise: the capture
         holds what a redaction or an erasure removed since, and a header naming segments the store lacks
         would be completed from a process's segment cache with the old content."""
-        if await self._hidden(session):
-            return False
-        common = {"session": session, "version": version, "created_at_ms": now_ms()}
+        return await self._save_snapshots(session, version, rows, kept)
 
-        async def over(db: Db) -> bool:
-            if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
-                return False
-            stored = await db.fetch(_SEGMENT_SLOTS, session=session, version=version) if kept else ()
-            if not kept <= {row[0] for row in stored}:
+    async def _save_snapshots(
+        self, session: str, version: int, rows: Sequence[tuple[int, bytes]], kept: set[int]
+    ) -> bool:
+        """Inserts snapshot rows (a slot already stored is kept) while the session is stored, this store
+        may see it and the slots in ``kept`` are stored; two statements and a commit that need not wait
+        for the disk (:meth:`Db.rebuildable`)."""
+        common = {"session": session, "version": version, "created_at_ms": now_ms()}
+        filters = self._filters()
+
+        async def guarded(db: Db) -> bool:
+            await db.rebuildable()
+            guard = await db.fetchrow(
+                _SAVE_GUARD, session=session, version=version, kept=_kept_param(db.dialect.name, kept)
+            )
+            if guard is None or (filters and guard[0] != self.tenant) or guard[1] != len(kept):
                 return False
             await db.executemany(_SAVE_SNAPSHOT, [{**common, "seq": seq, "state": state} for seq, state in rows])
             return True
 
-        return await self._write(over)
+        return await self._write(guarded)
 
     async def load_snapshot_segments(self, session: str, version: int) -> Sequence[tuple[int, bytes]]:
         """Every stored snapshot segment of a session and fold version, as ``(slot, body)``."""
@@ -526,10 +550,3 @@ class SqlEventStore(EventStore):
 
     async def close(self) -> None:
         await self.engine.dispose()
-
-
-async def _save_snapshots(db: Db, session: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Inserts snapshot rows (an existing slot is kept) while the session is stored."""
-    if await db.fetchrow(_SESSION_FOR_SHARE, session=session) is None:
-        return  # erased (or never stored): nothing to keep
-    await db.executemany(_SAVE_SNAPSHOT, rows)
