@@ -7,9 +7,10 @@ rest (a lax coercion, a fault) goes through the pydantic models generated from t
 which are the public edge and the source of every error sentence. :func:`make_event` (every emit)
 first tries a plain Python check generated per type from the same Struct, which decides only the
 plain case (about half the CPU of the msgspec conversion and walk) and hands anything else on.
-Inside, an event travels as an :class:`Event` record — a slotted dataclass with a plain ``data``
-dict, built once — because the log is replayed by the hundred thousand, stored events were
-validated when they were appended, and a Struct would drop the extra fields adapters attach. The
+Inside, an event travels as an :class:`Event` record — a ``msgspec.Struct`` the cyclic GC does not
+track, with a plain ``data`` dict, built once — because the log is replayed by the hundred thousand,
+stored events were validated when they were appended, and a Struct for ``data`` would drop the extra
+fields adapters attach. The
 row's ``data`` is encoded by orjson (a dict with extras; msgspec's encoder measured slower on those).
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -123,29 +124,49 @@ _time_ns = time.time_ns
 # The record that flows through the store, the recorder and the projections.
 
 
-@dataclass(slots=True)
-class Event:
+class Event(msgspec.Struct, gc=False, eq=False):
     """One event as calltape handles it inside: a slotted record, validated once at the boundary.
 
     ``at_ms`` is integer milliseconds (RFC 3339 only on the wire); ``seq`` is set by the store.
+    Not tracked by the cyclic GC (``gc=False``): an event never refers back to itself, and a call's
+    events in flight (queued, in a batch, in a fold) were most of what each collection walked and most
+    of what got promoted to the oldest generation, whose full collections paused a busy recorder
+    (issue 32). Its ``data`` is tracked as any dict is. Equal when every field but the two marks is.
     """
 
     type: str
     data: dict[str, Any]
     session: str
-    id: str = field(default_factory=new_event_id)
-    at_ms: int = field(default_factory=now_ms)
+    id: str = msgspec.field(default_factory=new_event_id)
+    at_ms: int = msgspec.field(default_factory=now_ms)
     agent: str | None = None
     epoch: int | None = None
     seq: int | None = None
-    checked: bool = field(default=False, compare=False, repr=False)
+    checked: bool = False
     """Passed :func:`check_event` (built by :func:`make_event`/:func:`parse_event`, or read from the store)."""
-    redacted: bool = field(default=False, compare=False, repr=False)
+    redacted: bool = False
     """Already passed the writer's redaction rules (the store does not run them again)."""
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Event:
+            return NotImplemented
+        assert isinstance(other, Event)
+        return (
+            self.id == other.id
+            and self.seq == other.seq
+            and self.session == other.session
+            and self.type == other.type
+            and self.at_ms == other.at_ms
+            and self.agent == other.agent
+            and self.epoch == other.epoch
+            and self.data == other.data
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (seq is set by the store), as before
 
     def with_seq(self, seq: int) -> Event:
         """A copy with the store-assigned ``seq``."""
-        return replace(self, seq=seq)
+        return msgspec.structs.replace(self, seq=seq)
 
     def to_wire(self) -> dict[str, Any]:
         """The event as a wire-format dict (what export writes and import reads)."""

@@ -24,8 +24,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from msgspec.structs import replace
 
 from calltape.errors import RedactionError as RedactionError  # re-exported: public here since v0.1
 from calltape.events import Event, now_ms

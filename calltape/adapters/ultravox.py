@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from calltape.adapters.reconstruct import Turn, json_or_text, reconstruct
 from calltape.adapters.webhook_auth import sign_ultravox, verify_ultravox_signature

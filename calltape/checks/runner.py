@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from msgspec.structs import replace
 
 from calltape.checks.facts import SessionFacts, collect
 from calltape.checks.rules import RULES, CheckOptions, Violation

@@ -7,7 +7,7 @@ data, times, agents and epochs and get new ids; the copy is one append, so it la
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from calltape.errors import ConcurrencyConflict, ForkRefused, SessionNotFound
 from calltape.events import new_event_id

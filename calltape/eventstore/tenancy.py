@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
+from msgspec.structs import replace
 from sqlalchemy import Connection, text
 
 from calltape.errors import CalltapeError, TenantRefused

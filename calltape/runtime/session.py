@@ -16,8 +16,9 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, cast
+
+from msgspec.structs import replace
 
 from calltape.errors import CalltapeError, DurableAppendTimeout, Interrupted
 from calltape.events import Event, EventData, make_event
