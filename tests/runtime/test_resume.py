@@ -527,3 +527,17 @@ async def test_two_agents_racing_to_resume_exactly_one_wins(store_url: str, sess
 async def test_resume_of_an_unknown_session(store: EventStore) -> None:
     with pytest.raises(SessionNotFound):
         await resume(store, "no-such-call", "backup")
+
+
+async def test_a_resume_past_a_long_tail_leaves_a_snapshot_for_the_next(store: EventStore, session_id: str) -> None:
+    # A call resumed again and again reads only what came after the last resume's snapshot.
+    from calltape.events import make_event
+    from calltape.projections import FOLD_VERSION
+
+    first = [make_event(session_id, "session.started", {"agent": "triage"})]
+    turns = [make_event(session_id, "user.text", {"text": f"turn {i}"}) for i in range(300)]
+    await store.append([*first, *turns, make_event(session_id, "session.dropped", {"reason": "transport lost"})])
+    assert await store.load_snapshot(session_id, FOLD_VERSION) is None
+    await resume(store, session_id, "backup")
+    saved = await store.load_snapshot(session_id, FOLD_VERSION)
+    assert saved is not None and 200 <= saved[0] <= 302
